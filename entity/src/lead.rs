@@ -1,0 +1,36 @@
+//! `leads`: the raw body exactly as it arrived beside the normalised fields,
+//! attribution, state and dedupe key of every lead.
+
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, DeriveEntityModel)]
+#[sea_orm(table_name = "leads")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: String,
+    pub source_id: String,
+    /// Dedupe key; unique together with `source_id` (NULL never collides).
+    pub idempotency_key: Option<String>,
+    pub external_id: Option<String>,
+    pub state: String,
+    #[sea_orm(column_type = "Blob")]
+    pub raw: Vec<u8>,
+    pub raw_content_type: String,
+    pub fields: Json,
+    pub attribution: Json,
+    pub is_test: bool,
+    pub errors: Json,
+    pub duplicate_of: Option<String>,
+    pub manager_notified: bool,
+    pub crm_synced: bool,
+    /// Which instance routes the lead, and until when (see `routing.lease`).
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<DateTimeUtc>,
+    pub received_at: DateTimeUtc,
+    pub updated_at: DateTimeUtc,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,8 @@
+//! sea-orm entities of leadrouter: one module per table, shared by the
+//! service's store and by the tests that look at rows directly.
+
+pub mod attempt;
+pub mod intake_log;
+pub mod lead;
+pub mod lead_match_key;
+pub mod sale;

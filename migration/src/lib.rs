@@ -1,0 +1,16 @@
+//! Database migrations of leadrouter, one file per change, run at start-up by
+//! `leadrouter serve` and `leadrouter migrate` on SQLite and PostgreSQL alike.
+
+pub use sea_orm_migration::prelude::*;
+
+mod m20261129_000001_create_store;
+
+/// Every migration, oldest first.
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261129_000001_create_store::Migration)]
+    }
+}

@@ -1,0 +1,373 @@
+//! Reading `leadrouter.toml`: `${VAR}` interpolation, environment overrides,
+//! and a list of every problem found, each with its key path.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use toml::Value;
+
+use super::{validate, Settings};
+
+/// Used when neither `--config` nor `LEADROUTER_CONFIG` names a file.
+pub const DEFAULT_CONFIG_PATH: &str = "config/leadrouter.toml";
+
+/// Each override replaces one key, after interpolation (SPEC section 3).
+const ENV_OVERRIDES: [(&str, &str, &str); 3] = [
+    ("DATABASE_URL", "database", "url"),
+    ("LEADROUTER_ADMIN_TOKEN", "server", "admin_token"),
+    ("LEADROUTER_LISTEN", "server", "listen"),
+];
+
+/// Deserialisation is retried after dropping each offending key, so one run
+/// reports many problems; this bounds the retries.
+const MAX_REPORTED_PROBLEMS: usize = 100;
+
+/// One thing wrong with the configuration, at a key path like `buyers[0].post.url`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} problem(s) in {}:\n{}", problems.len(), path.display(), list(problems))]
+    Invalid {
+        path: PathBuf,
+        problems: Vec<Problem>,
+    },
+}
+
+impl ConfigError {
+    /// The problems found, empty when the file could not be read at all.
+    pub fn problems(&self) -> &[Problem] {
+        match self {
+            Self::Unreadable { .. } => &[],
+            Self::Invalid { problems, .. } => problems,
+        }
+    }
+}
+
+fn list(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|problem| format!("  - {problem}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Reads and validates the configuration at `path`, with environment overrides.
+pub fn load(path: &Path) -> Result<Settings, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Unreadable {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(&text, |name| std::env::var(name).ok()).map_err(|problems| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        problems,
+    })
+}
+
+/// Parses configuration text; `env` looks up environment variables.
+pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Settings, Vec<Problem>> {
+    let written: Value = toml::from_str::<toml::Table>(text)
+        .map(Value::Table)
+        .map_err(|error| {
+            vec![Problem {
+                path: String::new(),
+                message: format!("not valid TOML: {}", error.message().trim()),
+            }]
+        })?;
+    let mut problems = Vec::new();
+    let mut resolved = written.clone();
+    interpolate(&mut resolved, String::new(), &env, &mut problems);
+    apply_env_overrides(&mut resolved, &env);
+    let settings = deserialize_reporting_all(resolved, &mut problems);
+    let Some(mut settings) = settings else {
+        return Err(problems);
+    };
+    attach_buyer_snapshots(&mut settings, &written);
+    problems.extend(validate::check(&settings));
+    if problems.is_empty() {
+        Ok(settings)
+    } else {
+        Err(problems)
+    }
+}
+
+/// Replaces `${NAME}` in every string; an unset variable is a problem.
+fn interpolate(
+    value: &mut Value,
+    path: String,
+    env: &impl Fn(&str) -> Option<String>,
+    problems: &mut Vec<Problem>,
+) {
+    match value {
+        Value::String(text) => match substitute(text, env) {
+            Ok(done) => *text = done,
+            Err(message) => problems.push(Problem { path, message }),
+        },
+        Value::Array(items) => {
+            for (index, item) in items.iter_mut().enumerate() {
+                interpolate(item, format!("{path}[{index}]"), env, problems);
+            }
+        }
+        Value::Table(table) => {
+            for (key, item) in table.iter_mut() {
+                interpolate(item, join(&path, key), env, problems);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn substitute(text: &str, env: &impl Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| "unterminated ${...} reference".to_string())?;
+        let name = &after[..end];
+        let value = env(name).ok_or_else(|| format!("environment variable {name} is not set"))?;
+        out.push_str(&value);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn apply_env_overrides(value: &mut Value, env: &impl Fn(&str) -> Option<String>) {
+    let Value::Table(root) = value else { return };
+    for (variable, section, key) in ENV_OVERRIDES {
+        if let Some(setting) = env(variable) {
+            let section = root
+                .entry(section)
+                .or_insert_with(|| Value::Table(Default::default()));
+            if let Value::Table(section) = section {
+                section.insert(key.to_string(), Value::String(setting));
+            }
+        }
+    }
+}
+
+/// Deserialises, and after each error drops the offending key and tries
+/// again, so that every unknown key and bad value is reported in one run.
+fn deserialize_reporting_all(mut value: Value, problems: &mut Vec<Problem>) -> Option<Settings> {
+    let mut dropped: Vec<String> = Vec::new();
+    for _ in 0..MAX_REPORTED_PROBLEMS {
+        match serde_path_to_error::deserialize::<_, Settings>(value.clone()) {
+            Ok(settings) => return problems.is_empty().then_some(settings),
+            Err(error) => {
+                let path = error.path().to_string();
+                let path = if path == "." { String::new() } else { path };
+                let message = error.inner().message().trim().to_string();
+                if caused_by_an_earlier_drop(&path, &message, &dropped) {
+                    return None;
+                }
+                problems.push(Problem {
+                    path: path.clone(),
+                    message,
+                });
+                if path.is_empty() || !remove_at(&mut value, &path) {
+                    return None;
+                }
+                dropped.push(path);
+            }
+        }
+    }
+    None
+}
+
+/// A required key we removed ourselves shows up as "missing field": not news.
+fn caused_by_an_earlier_drop(path: &str, message: &str, dropped: &[String]) -> bool {
+    dropped.iter().any(|gone| {
+        let (parent, key) = gone.rsplit_once('.').unwrap_or(("", gone));
+        parent == path && message.contains(&format!("missing field `{key}`"))
+    })
+}
+
+/// Removes the table entry at a path like `buyers[0].ping.timeout`.
+fn remove_at(value: &mut Value, path: &str) -> bool {
+    let (parent, key) = match path.rsplit_once('.') {
+        Some((parent, key)) => (Some(parent), key),
+        None => (None, path),
+    };
+    let mut node = value;
+    for segment in parent.into_iter().flat_map(|p| p.split('.')) {
+        let (name, indexes) = split_indexes(segment);
+        let Some(next) = node.get_mut(name) else {
+            return false;
+        };
+        node = next;
+        for index in indexes {
+            let Some(next) = node.get_mut(index) else {
+                return false;
+            };
+            node = next;
+        }
+    }
+    match node {
+        Value::Table(table) if !key.contains('[') => table.remove(key).is_some(),
+        _ => false,
+    }
+}
+
+/// `buyers[0][1]` → (`buyers`, [0, 1]).
+fn split_indexes(segment: &str) -> (&str, Vec<usize>) {
+    let mut parts = segment.split('[');
+    let name = parts.next().unwrap_or_default();
+    let indexes = parts
+        .filter_map(|part| part.trim_end_matches(']').parse().ok())
+        .collect();
+    (name, indexes)
+}
+
+/// Stores each buyer's table as written (secrets still `${VAR}`) for snapshots.
+fn attach_buyer_snapshots(settings: &mut Settings, written: &Value) {
+    let Some(Value::Array(tables)) = written.get("buyers") else {
+        return;
+    };
+    for (buyer, table) in settings.buyers.iter_mut().zip(tables) {
+        buyer.snapshot = serde_json::to_value(table).unwrap_or_default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn problems_of(text: &str) -> Vec<String> {
+        parse(text, no_env)
+            .err()
+            .unwrap_or_default()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn an_empty_file_gives_the_documented_defaults() {
+        let settings = parse("", no_env).unwrap();
+        assert_eq!(settings.server.listen, "127.0.0.1:8080");
+        assert_eq!(settings.routing.lease, std::time::Duration::from_secs(120));
+        assert_eq!(settings.intake.duplicate_keys, ["email", "phone"]);
+    }
+
+    #[test]
+    fn every_unknown_key_and_bad_duration_is_listed_with_its_path() {
+        let problems = problems_of(
+            r#"
+            [server]
+            listne = "x"
+            [database]
+            acquire_timeout = "2 parsecs"
+            [[buyers]]
+            id = "acme"
+            colour = "red"
+            [buyers.post]
+            url = "http://127.0.0.1:1/post"
+            timeout = "soon"
+            "#,
+        );
+        let all = problems.join("\n");
+        assert!(all.contains("server.listne"), "{all}");
+        assert!(all.contains("database.acquire_timeout"), "{all}");
+        assert!(all.contains("buyers[0].colour"), "{all}");
+        assert!(all.contains("buyers[0].post.timeout"), "{all}");
+        assert_eq!(problems.len(), 4, "{all}");
+    }
+
+    #[test]
+    fn variables_are_interpolated_and_missing_ones_reported() {
+        let text = r#"
+            [server]
+            admin_token = "${TOKEN}"
+            [[sources]]
+            id = "partner"
+            kind = "feed"
+            api_key = "${PARTNER_KEY}"
+        "#;
+        let settings = parse(text, |name| (name == "TOKEN").then(|| "t0k".into())).unwrap_err();
+        assert_eq!(
+            settings,
+            vec![Problem {
+                path: "sources[0].api_key".into(),
+                message: "environment variable PARTNER_KEY is not set".into()
+            }]
+        );
+        let env = |name: &str| {
+            ["TOKEN", "PARTNER_KEY"]
+                .contains(&name)
+                .then(|| format!("value-of-{name}"))
+        };
+        let settings = parse(text, env).unwrap();
+        assert_eq!(
+            settings.sources[0].api_key.as_ref().unwrap().expose(),
+            "value-of-PARTNER_KEY"
+        );
+    }
+
+    #[test]
+    fn environment_overrides_replace_the_file() {
+        let env = |name: &str| match name {
+            "DATABASE_URL" => Some("postgres://u:pw@db/x".to_string()),
+            "LEADROUTER_LISTEN" => Some("0.0.0.0:9999".to_string()),
+            _ => None,
+        };
+        let settings = parse("[server]\nlisten = \"127.0.0.1:1\"\n", env).unwrap();
+        assert_eq!(settings.server.listen, "0.0.0.0:9999");
+        assert_eq!(settings.database.display_url(), "postgres://u:***@db/x");
+    }
+
+    #[test]
+    fn buyer_snapshots_keep_secret_references_unresolved() {
+        let text = r#"
+            [[buyers]]
+            id = "acme"
+            headers = { Authorization = "Bearer ${ACME_TOKEN}" }
+            [buyers.post]
+            url = "http://127.0.0.1:1/post"
+        "#;
+        let settings = parse(text, |name| (name == "ACME_TOKEN").then(|| "s3cret".into())).unwrap();
+        let buyer = &settings.buyers[0];
+        assert_eq!(buyer.headers["Authorization"].expose(), "Bearer s3cret");
+        assert_eq!(
+            buyer.snapshot["headers"]["Authorization"],
+            "Bearer ${ACME_TOKEN}"
+        );
+        assert_eq!(
+            format!("{:?}", buyer.headers),
+            r#"{"Authorization": [redacted]}"#
+        );
+    }
+}

@@ -1,0 +1,432 @@
+//! Settings: one struct per section of `leadrouter.toml` (SPEC section 4).
+//!
+//! Every struct denies unknown keys, durations use `humantime-serde`, and
+//! secrets are [`Secret`]s. Loading, `${VAR}` interpolation, environment
+//! overrides and the list of problems `check-config` prints live in [`load`].
+
+mod load;
+mod rate;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub use load::{load, parse, ConfigError, Problem, DEFAULT_CONFIG_PATH};
+pub use rate::Rate;
+
+/// A string that must never be printed: `Debug` shows `[redacted]`.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself, for the one place that needs it (a header, a compare).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    #[serde(default)]
+    pub server: ServerSettings,
+    #[serde(default)]
+    pub database: DatabaseSettings,
+    #[serde(default)]
+    pub intake: IntakeSettings,
+    #[serde(default)]
+    pub routing: RoutingSettings,
+    #[serde(default)]
+    pub alerts: AlertSettings,
+    #[serde(default)]
+    pub sources: Vec<SourceSettings>,
+    #[serde(default)]
+    pub buyers: Vec<BuyerSettings>,
+    #[serde(default)]
+    pub notify: Vec<NotifySettings>,
+    #[serde(default)]
+    pub events: Vec<EventSettings>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSettings {
+    pub listen: String,
+    /// Bearer token of the admin API; without it the admin API answers 401.
+    pub admin_token: Option<Secret>,
+    pub max_body_bytes: usize,
+    pub status_public: bool,
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            admin_token: None,
+            max_body_bytes: 65536,
+            status_public: true,
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseSettings {
+    /// May hold a password, hence a secret; see [`DatabaseSettings::display_url`].
+    pub url: Secret,
+    pub max_connections: u32,
+    #[serde(with = "humantime_serde")]
+    pub acquire_timeout: Duration,
+}
+
+impl DatabaseSettings {
+    /// The URL with any password replaced, for logs and summaries.
+    pub fn display_url(&self) -> String {
+        let url = self.url.expose();
+        match (url.find("://"), url.rfind('@')) {
+            (Some(scheme_end), Some(at)) if at > scheme_end => {
+                let credentials = &url[scheme_end + 3..at];
+                let user = credentials.split(':').next().unwrap_or_default();
+                format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..])
+            }
+            _ => url.to_string(),
+        }
+    }
+
+    pub fn is_sqlite(&self) -> bool {
+        self.url.expose().starts_with("sqlite:")
+    }
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url: Secret::new("sqlite://data/leadrouter.db?mode=rwc"),
+            max_connections: 8,
+            acquire_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IntakeSettings {
+    #[serde(with = "humantime_serde")]
+    pub accept_wait: Duration,
+    pub spool_dir: PathBuf,
+    #[serde(with = "humantime_serde")]
+    pub duplicate_window: Duration,
+    pub duplicate_keys: Vec<String>,
+}
+
+impl Default for IntakeSettings {
+    fn default() -> Self {
+        Self {
+            accept_wait: Duration::ZERO,
+            spool_dir: PathBuf::from("data/spool"),
+            duplicate_window: Duration::from_secs(30 * 24 * 3600),
+            duplicate_keys: vec!["email".into(), "phone".into()],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RoutingMode {
+    Waterfall,
+    Auction,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingSettings {
+    pub mode: RoutingMode,
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    #[serde(with = "humantime_serde")]
+    pub sweep_interval: Duration,
+    pub pii_fields: Vec<String>,
+    #[serde(with = "humantime_serde")]
+    pub auction_window: Duration,
+    pub reserve_price: Option<f64>,
+}
+
+impl Default for RoutingSettings {
+    fn default() -> Self {
+        Self {
+            mode: RoutingMode::Waterfall,
+            lease: Duration::from_secs(120),
+            sweep_interval: Duration::from_secs(10),
+            pii_fields: ["email", "phone", "first_name", "last_name", "address"]
+                .map(String::from)
+                .to_vec(),
+            auction_window: Duration::from_secs(2),
+            reserve_price: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlertSettings {
+    /// Empty: alerts go to the error log and the database only.
+    pub webhook_url: String,
+    #[serde(with = "humantime_serde")]
+    pub min_interval: Duration,
+}
+
+impl Default for AlertSettings {
+    fn default() -> Self {
+        Self {
+            webhook_url: String::new(),
+            min_interval: Duration::from_secs(300),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    /// Public web form: named by `source`, no key.
+    Form,
+    /// Partner feed: selected by its `X-Api-Key`.
+    Feed,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSettings {
+    pub id: String,
+    pub kind: SourceKind,
+    pub api_key: Option<Secret>,
+    /// Payload key holding the provider's own lead id (a dedupe key).
+    pub external_id: Option<String>,
+    #[serde(default)]
+    pub required: Vec<String>,
+    #[serde(default)]
+    pub thank_you_url: String,
+    pub rate_limit: Option<RateLimitSettings>,
+    /// Normalised name = payload key; `None`: every top-level key passes through.
+    pub fields: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSettings {
+    pub per_ip: Option<Rate>,
+    pub total: Option<Rate>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuyerSettings {
+    pub id: String,
+    pub name: Option<String>,
+    #[serde(default)]
+    pub priority: i64,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default = "default_max_concurrency")]
+    pub max_concurrency: u32,
+    #[serde(default = "one_second", with = "humantime_serde")]
+    pub queue_timeout: Duration,
+    #[serde(default)]
+    pub filters: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    pub hourly_cap: u32,
+    #[serde(default)]
+    pub daily_cap: u32,
+    #[serde(default)]
+    pub monthly_cap: u32,
+    #[serde(default)]
+    pub headers: BTreeMap<String, Secret>,
+    pub ping: Option<PingSettings>,
+    pub post: PostSettings,
+    #[serde(default)]
+    pub circuit: CircuitSettings,
+    /// Fixed price of a buyer without a ping.
+    pub price: Option<f64>,
+    pub min_bid: Option<f64>,
+    pub schedule: Option<ScheduleSettings>,
+    #[serde(default)]
+    pub accept_test_leads: bool,
+    /// This buyer's table as written, `${VAR}` unresolved: the attempt snapshot.
+    #[serde(skip)]
+    pub snapshot: serde_json::Value,
+}
+
+impl BuyerSettings {
+    pub fn display_name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.id)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PingSettings {
+    pub url: String,
+    #[serde(default = "default_ping_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    pub accept: Option<AcceptRule>,
+    pub bid_path: Option<String>,
+    pub ping_id_path: Option<String>,
+    pub body_template: Option<String>,
+    pub content_type: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostSettings {
+    pub url: String,
+    #[serde(default = "default_post_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    pub accept: Option<AcceptRule>,
+    pub price_path: Option<String>,
+    pub body_template: Option<String>,
+    pub content_type: Option<String>,
+}
+
+/// How a buyer's answer is judged (SPEC section 7); exactly one form is set.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AcceptRule {
+    /// JSON pointer into the response body, with `equals` or `one_of`.
+    pub path: Option<String>,
+    pub equals: Option<toml::Value>,
+    pub one_of: Option<Vec<toml::Value>>,
+    pub body_contains: Option<String>,
+    pub body_regex: Option<String>,
+    pub status: Option<Vec<u16>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CircuitSettings {
+    pub failure_threshold: u32,
+    #[serde(with = "humantime_serde")]
+    pub open_for: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max_open_for: Duration,
+    pub half_open_probes: u32,
+}
+
+impl Default for CircuitSettings {
+    fn default() -> Self {
+        Self {
+            failure_threshold: 5,
+            open_for: Duration::from_secs(30),
+            max_open_for: Duration::from_secs(600),
+            half_open_probes: 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSettings {
+    pub timezone: String,
+    pub days: Vec<String>,
+    pub hours: String,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum NotifyRole {
+    Manager,
+    Crm,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotifySettings {
+    pub id: String,
+    pub role: NotifyRole,
+    pub url: String,
+    #[serde(default = "default_notify_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    #[serde(default)]
+    pub required: bool,
+    pub body_template: Option<String>,
+    pub content_type: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventSettings {
+    pub url: String,
+    pub on: Vec<String>,
+    #[serde(default = "default_notify_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_max_concurrency() -> u32 {
+    4
+}
+fn one_second() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_ping_timeout() -> Duration {
+    Duration::from_secs(8)
+}
+fn default_post_timeout() -> Duration {
+    Duration::from_secs(25)
+}
+fn default_notify_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+/// What `check-config` prints for a valid file; secrets are never shown.
+pub fn summary(path: &std::path::Path, settings: &Settings) -> String {
+    let sources: Vec<String> = settings
+        .sources
+        .iter()
+        .map(|source| format!("{} ({:?})", source.id, source.kind).to_lowercase())
+        .collect();
+    let buyers: Vec<String> = settings
+        .buyers
+        .iter()
+        .map(|buyer| {
+            let shape = if buyer.ping.is_some() {
+                "ping/post"
+            } else {
+                "post"
+            };
+            let enabled = if buyer.enabled { "" } else { ", disabled" };
+            format!(
+                "{} (priority {}, {shape}{enabled})",
+                buyer.id, buyer.priority
+            )
+        })
+        .collect();
+    format!(
+        "{}: configuration OK\n  listen:   {}\n  database: {}\n  admin API: {}\n  sources:  {}\n  buyers:   {}\n  notify:   {} channel(s), events: {} postback(s)",
+        path.display(),
+        settings.server.listen,
+        settings.database.display_url(),
+        if settings.server.admin_token.is_some() { "enabled" } else { "disabled (no server.admin_token)" },
+        if sources.is_empty() { "none".to_string() } else { sources.join(", ") },
+        if buyers.is_empty() { "none".to_string() } else { buyers.join(", ") },
+        settings.notify.len(),
+        settings.events.len(),
+    )
+}

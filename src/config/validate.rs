@@ -1,0 +1,285 @@
+//! Checks that need the whole configuration: unique ids, feeds with keys,
+//! well-formed URLs, accept rules and schedules.
+
+use std::collections::HashSet;
+
+use super::{AcceptRule, BuyerSettings, Problem, Settings, SourceKind};
+
+/// Events a postback may subscribe to (`[[events]] on`).
+const KNOWN_EVENTS: [&str; 5] = [
+    "lead.accepted",
+    "lead.sold",
+    "lead.unsold",
+    "lead.unknown",
+    "lead.invalid",
+];
+const WEEKDAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
+
+pub fn check(settings: &Settings) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let mut problem = |path: String, message: String| problems.push(Problem { path, message });
+
+    if settings
+        .server
+        .listen
+        .parse::<std::net::SocketAddr>()
+        .is_err()
+    {
+        problem(
+            "server.listen".into(),
+            "expected an address like 127.0.0.1:8080".into(),
+        );
+    }
+    if settings.server.max_body_bytes == 0 {
+        problem("server.max_body_bytes".into(), "must be at least 1".into());
+    }
+    let url = settings.database.url.expose();
+    if !(url.starts_with("sqlite:")
+        || url.starts_with("postgres://")
+        || url.starts_with("postgresql://"))
+    {
+        problem(
+            "database.url".into(),
+            "expected a sqlite: or postgres:// URL".into(),
+        );
+    }
+    if settings.database.max_connections == 0 {
+        problem(
+            "database.max_connections".into(),
+            "must be at least 1".into(),
+        );
+    }
+    if !settings.alerts.webhook_url.is_empty() {
+        check_url(
+            "alerts.webhook_url",
+            &settings.alerts.webhook_url,
+            &mut problem,
+        );
+    }
+
+    let mut source_ids = HashSet::new();
+    let mut api_keys = HashSet::new();
+    for (index, source) in settings.sources.iter().enumerate() {
+        let at = |key: &str| format!("sources[{index}].{key}");
+        if source.id.trim().is_empty() {
+            problem(at("id"), "must not be empty".into());
+        } else if !source_ids.insert(source.id.as_str()) {
+            problem(at("id"), format!("duplicate source id {:?}", source.id));
+        }
+        match (source.kind, &source.api_key) {
+            (SourceKind::Feed, None) => problem(at("api_key"), "a feed needs an api_key".into()),
+            (SourceKind::Feed, Some(key)) if key.expose().is_empty() => {
+                problem(at("api_key"), "must not be empty".into())
+            }
+            (SourceKind::Feed, Some(key)) if !api_keys.insert(key.expose()) => problem(
+                at("api_key"),
+                "the same api_key is used by another feed".into(),
+            ),
+            (SourceKind::Form, Some(_)) => problem(
+                at("api_key"),
+                "a form source takes no api_key (use kind = \"feed\")".into(),
+            ),
+            _ => {}
+        }
+        if !source.thank_you_url.is_empty() {
+            check_url(&at("thank_you_url"), &source.thank_you_url, &mut problem);
+        }
+    }
+
+    let mut buyer_ids = HashSet::new();
+    for (index, buyer) in settings.buyers.iter().enumerate() {
+        let at = |key: &str| format!("buyers[{index}].{key}");
+        if buyer.id.trim().is_empty() {
+            problem(at("id"), "must not be empty".into());
+        } else if !buyer_ids.insert(buyer.id.as_str()) {
+            problem(at("id"), format!("duplicate buyer id {:?}", buyer.id));
+        }
+        check_buyer(buyer, &at, &mut problem);
+    }
+
+    let mut notify_ids = HashSet::new();
+    for (index, channel) in settings.notify.iter().enumerate() {
+        let at = |key: &str| format!("notify[{index}].{key}");
+        if !notify_ids.insert(channel.id.as_str()) {
+            problem(at("id"), format!("duplicate notify id {:?}", channel.id));
+        }
+        check_url(&at("url"), &channel.url, &mut problem);
+    }
+    for (index, events) in settings.events.iter().enumerate() {
+        check_url(&format!("events[{index}].url"), &events.url, &mut problem);
+        for name in events
+            .on
+            .iter()
+            .filter(|name| !KNOWN_EVENTS.contains(&name.as_str()))
+        {
+            problem(
+                format!("events[{index}].on"),
+                format!("unknown event {name:?}; known: {}", KNOWN_EVENTS.join(", ")),
+            );
+        }
+    }
+    problems
+}
+
+fn check_buyer(
+    buyer: &BuyerSettings,
+    at: &dyn Fn(&str) -> String,
+    problem: &mut impl FnMut(String, String),
+) {
+    if buyer.post.url.trim().is_empty() {
+        problem(at("post.url"), "a buyer needs post.url".into());
+    } else {
+        check_url(&at("post.url"), &buyer.post.url, problem);
+    }
+    if let Some(ping) = &buyer.ping {
+        check_url(&at("ping.url"), &ping.url, problem);
+        if let Some(rule) = &ping.accept {
+            check_accept_rule(&at("ping.accept"), rule, problem);
+        }
+    }
+    if let Some(rule) = &buyer.post.accept {
+        check_accept_rule(&at("post.accept"), rule, problem);
+    }
+    if buyer.max_concurrency == 0 {
+        problem(at("max_concurrency"), "must be at least 1".into());
+    }
+    let circuit = &buyer.circuit;
+    if circuit.failure_threshold == 0 {
+        problem(at("circuit.failure_threshold"), "must be at least 1".into());
+    }
+    if circuit.half_open_probes == 0 {
+        problem(at("circuit.half_open_probes"), "must be at least 1".into());
+    }
+    if circuit.open_for > circuit.max_open_for {
+        problem(
+            at("circuit.open_for"),
+            "must not exceed circuit.max_open_for".into(),
+        );
+    }
+    if let Some(schedule) = &buyer.schedule {
+        for day in schedule
+            .days
+            .iter()
+            .filter(|day| !WEEKDAYS.contains(&day.as_str()))
+        {
+            problem(
+                at("schedule.days"),
+                format!("unknown day {day:?}; use mon..sun"),
+            );
+        }
+        if parse_hours(&schedule.hours).is_none() {
+            problem(at("schedule.hours"), "expected \"HH:MM-HH:MM\"".into());
+        }
+    }
+}
+
+/// `"08:00-20:00"` → minutes since midnight of the start and the end.
+pub fn parse_hours(text: &str) -> Option<(u32, u32)> {
+    let minutes = |hm: &str| {
+        let (h, m) = hm.trim().split_once(':')?;
+        let (h, m): (u32, u32) = (h.parse().ok()?, m.parse().ok()?);
+        (h <= 24 && m < 60 && h * 60 + m <= 24 * 60).then_some(h * 60 + m)
+    };
+    let (start, end) = text.split_once('-')?;
+    Some((minutes(start)?, minutes(end)?))
+}
+
+fn check_url(path: &str, url: &str, problem: &mut impl FnMut(String, String)) {
+    let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
+    if !scheme_ok || url.parse::<awc::http::Uri>().is_err() {
+        problem(path.to_string(), format!("not an http(s) URL: {url:?}"));
+    }
+}
+
+fn check_accept_rule(path: &str, rule: &AcceptRule, problem: &mut impl FnMut(String, String)) {
+    let forms = [
+        rule.path.is_some(),
+        rule.body_contains.is_some(),
+        rule.body_regex.is_some(),
+        rule.status.is_some(),
+    ];
+    if forms.iter().filter(|set| **set).count() != 1 {
+        problem(
+            path.to_string(),
+            "give exactly one of path (with equals or one_of), body_contains, body_regex, status"
+                .into(),
+        );
+    }
+    if let Some(pointer) = &rule.path {
+        if !pointer.starts_with('/') {
+            problem(
+                format!("{path}.path"),
+                "a JSON pointer starts with '/'".into(),
+            );
+        }
+        if rule.equals.is_some() == rule.one_of.is_some() {
+            problem(
+                path.to_string(),
+                "path needs exactly one of equals or one_of".into(),
+            );
+        }
+    }
+    if let Some(pattern) = &rule.body_regex {
+        if let Err(error) = regex::Regex::new(pattern) {
+            problem(
+                format!("{path}.body_regex"),
+                format!("not a valid regex: {error}"),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::load::parse;
+
+    fn problems(text: &str) -> String {
+        parse(text, |_| None)
+            .err()
+            .unwrap_or_default()
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn duplicate_ids_feeds_without_keys_and_buyers_without_post_url_are_rejected() {
+        let all = problems(
+            r#"
+            [[sources]]
+            id = "web"
+            kind = "form"
+            [[sources]]
+            id = "web"
+            kind = "feed"
+            [[buyers]]
+            id = "a"
+            [buyers.post]
+            url = ""
+            [[buyers]]
+            id = "a"
+            [buyers.post]
+            url = "http://127.0.0.1:9/post"
+            accept = { path = "accepted" }
+            "#,
+        );
+        assert!(all.contains("sources[1].id: duplicate source id"), "{all}");
+        assert!(
+            all.contains("sources[1].api_key: a feed needs an api_key"),
+            "{all}"
+        );
+        assert!(
+            all.contains("buyers[0].post.url: a buyer needs post.url"),
+            "{all}"
+        );
+        assert!(all.contains("buyers[1].id: duplicate buyer id"), "{all}");
+        assert!(all.contains("buyers[1].post.accept.path"), "{all}");
+    }
+
+    #[test]
+    fn a_buyer_missing_its_post_table_is_named() {
+        let all = problems("[[buyers]]\nid = \"a\"\n");
+        assert!(all.contains("buyers[0]: missing field `post`"), "{all}");
+    }
+}

@@ -1,0 +1,15 @@
+//! The lead's vocabulary: states, the acceptance contract, and turning a
+//! request body into normalised fields and attribution.
+
+mod contract;
+mod normalize;
+mod payload;
+
+pub use contract::{Acceptance, Contract, FieldError, LeadState};
+pub use normalize::{normalize, Normalized, RequestMeta, ATTRIBUTION_KEYS};
+pub use payload::{parse_body, BodyError, BodyFormat};
+
+/// A new server-issued id: UUIDv7, so ids sort by arrival time.
+pub fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}

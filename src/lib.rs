@@ -1,0 +1,26 @@
+//! leadrouter: store-first lead intake and ping/post routing.
+//!
+//! A lead is written to the database before anything else happens, the
+//! sender is answered at once with an acceptance contract, and only then is
+//! the lead offered to buyers.
+//!
+//! # Layout
+//! - [`config`]: settings from `leadrouter.toml`, validation, env overrides.
+//! - [`demo`]: `leadrouter demo`, the embedded demo set-up.
+//! - [`startup`]: [`startup::Application`] wires the store, actors and server.
+//! - [`domain`]: lead states, the acceptance contract, parsing and normalising.
+//! - [`store`]: every database query (sea-orm), SQLite and PostgreSQL alike.
+//! - [`actors`]: the supervision tree (intake today; buyers and waterfalls).
+//! - [`routes`]: the HTTP API, one module per resource.
+//! - [`rate_limit`]: token buckets per source and client IP.
+//! - [`telemetry`]: tracing set-up.
+
+pub mod actors;
+pub mod config;
+pub mod demo;
+pub mod domain;
+pub mod rate_limit;
+pub mod routes;
+pub mod startup;
+pub mod store;
+pub mod telemetry;

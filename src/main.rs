@@ -1,0 +1,99 @@
+//! The `leadrouter` command line (SPEC section 3): parses arguments and hands
+//! off to the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use leadrouter::config::{self, DEFAULT_CONFIG_PATH};
+use leadrouter::startup::Application;
+
+#[derive(Parser)]
+#[command(
+    name = "leadrouter",
+    version,
+    about = "Store-first lead intake and routing"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run migrations, then serve.
+    Serve(ConfigArg),
+    /// Validate the configuration and print a summary.
+    CheckConfig(ConfigArg),
+    /// Run pending migrations and exit.
+    Migrate(ConfigArg),
+    /// Serve a self-contained demo (SQLite in data/demo, a demo form).
+    Demo,
+}
+
+#[derive(clap::Args)]
+struct ConfigArg {
+    /// Configuration file [default: $LEADROUTER_CONFIG or config/leadrouter.toml]
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+impl ConfigArg {
+    fn path(&self) -> PathBuf {
+        self.config
+            .clone()
+            .or_else(|| std::env::var_os("LEADROUTER_CONFIG").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
+    }
+}
+
+fn main() -> ExitCode {
+    leadrouter::telemetry::init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::CheckConfig(arg) => return check_config(&arg.path()),
+        Command::Serve(arg) => run(serve(arg.path())),
+        Command::Migrate(arg) => run(migrate(arg.path())),
+        Command::Demo => run(leadrouter::demo::run()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(future: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    actix_web::rt::System::new().block_on(future)
+}
+
+fn check_config(path: &std::path::Path) -> ExitCode {
+    match config::load(path) {
+        Ok(settings) => {
+            println!("{}", config::summary(path, &settings));
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(path: PathBuf) -> anyhow::Result<()> {
+    let settings = config::load(&path)?;
+    let application = Application::build(settings).await?;
+    tracing::info!(port = application.port(), "leadrouter serving");
+    application.run_until_stopped().await?;
+    Ok(())
+}
+
+async fn migrate(path: PathBuf) -> anyhow::Result<()> {
+    let settings = config::load(&path)?;
+    let store = leadrouter::store::Store::connect(&settings.database).await?;
+    store.migrate().await?;
+    println!("migrations applied to {}", settings.database.display_url());
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! `ApiError`: every error the HTTP API returns, mapped to a status once and
+//! rendered as the contract's `{"error", "message"}` JSON.
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{HttpResponse, ResponseError};
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("the request body is larger than {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("too many requests; retry after {retry_after_secs} s")]
+    RateLimited { retry_after_secs: u64 },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("the database is unavailable")]
+    Database(#[from] sea_orm::DbErr),
+}
+
+impl ApiError {
+    /// The machine-readable code in the `error` field.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Unauthorized(_) => "unauthorized",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::RateLimited { .. } => "rate_limited",
+            Self::BadRequest(_) => "bad_request",
+            Self::NotFound(_) => "not_found",
+            Self::Database(_) => "database_unavailable",
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        if let Self::Database(error) = self {
+            tracing::error!(%error, "database error while answering a request");
+        }
+        let mut response = HttpResponse::build(self.status_code());
+        if let Self::RateLimited { retry_after_secs } = self {
+            response.insert_header((header::RETRY_AFTER, retry_after_secs.to_string()));
+        }
+        response.json(json!({"error": self.code(), "message": self.to_string()}))
+    }
+}

@@ -1,0 +1,369 @@
+//! `POST /v1/leads` and `POST /v1/leads/batch`: identify the source, read the
+//! body, build the lead, hand it to the `Intake` actor, answer the contract.
+//! Nothing here waits for a buyer.
+
+use std::net::IpAddr;
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{web, HttpRequest, HttpResponse};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+
+use super::{form_page, secrets_equal, ApiError, AppState};
+use crate::actors::SubmitLead;
+use crate::config::{SourceKind, SourceSettings};
+use crate::domain::{
+    new_id, normalize, parse_body, Acceptance, BodyError, BodyFormat, Contract, FieldError,
+    LeadState, RequestMeta,
+};
+use crate::store::NewLead;
+
+/// Most leads in one batch request (SPEC section 5).
+const MAX_BATCH_LEADS: usize = 1000;
+/// A batch body may be this many times `server.max_body_bytes`; each lead in
+/// it is still held to `max_body_bytes`.
+const BATCH_BODY_FACTOR: usize = 64;
+
+#[derive(Debug, Deserialize)]
+pub struct SourceQuery {
+    source: Option<String>,
+}
+
+/// Stores one lead and answers with its contract (or an HTML page for forms).
+pub async fn submit(
+    request: HttpRequest,
+    payload: web::Payload,
+    query: web::Query<SourceQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let body = read_body(&request, payload, state.settings.server.max_body_bytes).await?;
+    let content_type = header_text(&request, header::CONTENT_TYPE.as_str());
+    let format = BodyFormat::of(content_type.as_deref());
+    let parsed = format.clone().and_then(|format| parse_body(format, &body));
+    let body_source = parsed
+        .as_ref()
+        .ok()
+        .and_then(|map| map.get("source"))
+        .and_then(Value::as_str);
+    let source = identify_source(&request, &state, query.source.as_deref().or(body_source))?;
+    admit(&state, source, client_ip(&request))?;
+
+    let header_key = header_text(&request, "idempotency-key").filter(|key| !key.trim().is_empty());
+    let lead = build_lead(
+        source,
+        body.to_vec(),
+        content_type,
+        parsed.clone(),
+        request_meta(&request),
+        header_key,
+    );
+    let contract = store_lead(&state, lead).await;
+
+    if wants_html(&request) && source.kind == SourceKind::Form {
+        let entered = parsed.unwrap_or_default();
+        return Ok(form_page::answer(source, &contract, &entered));
+    }
+    let status = match format {
+        Err(BodyError::Unsupported(_)) if contract.server_recorded && !contract.replayed => {
+            StatusCode::UNSUPPORTED_MEDIA_TYPE
+        }
+        _ => status_of(&contract),
+    };
+    Ok(HttpResponse::build(status).json(contract_json(&contract, status)))
+}
+
+#[derive(Deserialize)]
+struct BatchEnvelope<'a> {
+    #[serde(borrow)]
+    leads: Vec<&'a RawValue>,
+}
+
+/// Stores up to 1000 leads from a feed; each is judged on its own.
+pub async fn submit_batch(
+    request: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let max_lead_bytes = state.settings.server.max_body_bytes;
+    let body = read_body(&request, payload, max_lead_bytes * BATCH_BODY_FACTOR).await?;
+    let source = match header_text(&request, "x-api-key") {
+        Some(key) => feed_for_key(&state, &key)?,
+        None => {
+            return Err(ApiError::Unauthorized(
+                "batch intake is for feeds: send X-Api-Key".into(),
+            ))
+        }
+    };
+    let meta = request_meta(&request);
+    let ip = client_ip(&request);
+
+    let envelope = std::str::from_utf8(&body)
+        .map_err(|error| error.to_string())
+        .and_then(|text| {
+            serde_json::from_str::<BatchEnvelope>(text).map_err(|error| error.to_string())
+        });
+    let elements = match envelope {
+        Ok(envelope) => envelope.leads,
+        Err(error) => {
+            // Keep what arrived: a broken envelope is stored whole for review.
+            admit(&state, source, ip)?;
+            let broken = Err(BodyError::Unparsable(format!(
+                "malformed batch, expected {{\"leads\": [...]}}: {error}"
+            )));
+            let lead = build_lead(
+                source,
+                body.to_vec(),
+                Some("application/json".into()),
+                broken,
+                meta,
+                None,
+            );
+            let contract = store_lead(&state, lead).await;
+            let status = status_of(&contract);
+            return Ok(HttpResponse::build(status).json(contract_json(&contract, status)));
+        }
+    };
+    if elements.len() > MAX_BATCH_LEADS {
+        return Err(ApiError::BadRequest(format!(
+            "a batch holds at most {MAX_BATCH_LEADS} leads, this one has {}",
+            elements.len()
+        )));
+    }
+    for _ in &elements {
+        admit(&state, source, ip)?;
+    }
+
+    let results = elements.into_iter().map(|element| {
+        let raw = element.get().as_bytes().to_vec();
+        let state = state.clone();
+        let meta = meta.clone();
+        async move {
+            if raw.len() > max_lead_bytes {
+                return json!({
+                    "error": "payload_too_large",
+                    "message": format!("this lead is larger than {max_lead_bytes} bytes"),
+                });
+            }
+            let parsed = parse_body(BodyFormat::Json, &raw);
+            let lead = build_lead(
+                source,
+                raw,
+                Some("application/json".into()),
+                parsed,
+                meta,
+                None,
+            );
+            let contract = store_lead(&state, lead).await;
+            contract_json(&contract, status_of(&contract))
+        }
+    });
+    let results = futures_util::future::join_all(results).await;
+    Ok(HttpResponse::Ok().json(json!({ "results": results })))
+}
+
+/// Reads the body, refusing more than `limit` bytes with 413.
+async fn read_body(
+    request: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<web::Bytes, ApiError> {
+    let declared = header_text(request, header::CONTENT_LENGTH.as_str())
+        .and_then(|length| length.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        return Err(ApiError::PayloadTooLarge { limit });
+    }
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk
+            .map_err(|error| ApiError::BadRequest(format!("could not read the body: {error}")))?;
+        if body.len() + chunk.len() > limit {
+            return Err(ApiError::PayloadTooLarge { limit });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+/// A feed by its `X-Api-Key`, else a form by name; anything else is 401.
+fn identify_source<'a>(
+    request: &HttpRequest,
+    state: &'a AppState,
+    form_name: Option<&str>,
+) -> Result<&'a SourceSettings, ApiError> {
+    if let Some(key) = header_text(request, "x-api-key") {
+        return feed_for_key(state, &key);
+    }
+    let Some(name) = form_name else {
+        return Err(ApiError::Unauthorized(
+            "name a form source (?source= or a source field) or send a feed's X-Api-Key".into(),
+        ));
+    };
+    match state
+        .settings
+        .sources
+        .iter()
+        .find(|source| source.id == name)
+    {
+        Some(source) if source.kind == SourceKind::Form => Ok(source),
+        Some(_) => Err(ApiError::Unauthorized(format!(
+            "source {name:?} is a feed: send its X-Api-Key"
+        ))),
+        None => Err(ApiError::Unauthorized(format!("unknown source {name:?}"))),
+    }
+}
+
+/// Compares the key with every feed's key in constant time, so timing does
+/// not reveal which feed (or how much of a key) matched.
+fn feed_for_key<'a>(state: &'a AppState, key: &str) -> Result<&'a SourceSettings, ApiError> {
+    let mut found = None;
+    for source in &state.settings.sources {
+        if let Some(expected) = &source.api_key {
+            if secrets_equal(key, expected.expose()) {
+                found = Some(source);
+            }
+        }
+    }
+    found.ok_or_else(|| ApiError::Unauthorized("unknown API key".into()))
+}
+
+fn admit(state: &AppState, source: &SourceSettings, ip: Option<IpAddr>) -> Result<(), ApiError> {
+    state
+        .limiter
+        .admit(source, ip)
+        .map_err(|wait| ApiError::RateLimited {
+            retry_after_secs: wait.as_secs_f64().ceil().max(1.0) as u64,
+        })
+}
+
+/// Builds the lead row from what arrived; a body that could not be parsed
+/// becomes an `invalid` lead holding the raw bytes.
+fn build_lead(
+    source: &SourceSettings,
+    raw: Vec<u8>,
+    content_type: Option<String>,
+    parsed: Result<Map<String, Value>, BodyError>,
+    meta: RequestMeta,
+    header_key: Option<String>,
+) -> NewLead {
+    let (normalized, errors) = match &parsed {
+        Ok(body) => {
+            let normalized = normalize(body, source, &meta);
+            let errors = normalized.errors.clone();
+            (normalized, errors)
+        }
+        Err(error) => (
+            normalize(&Map::new(), source, &meta),
+            vec![FieldError::new("body", error.to_string())],
+        ),
+    };
+    NewLead {
+        id: new_id(),
+        source_id: source.id.clone(),
+        idempotency_key: header_key
+            .or(normalized.submission_id)
+            .or_else(|| normalized.external_id.clone()),
+        external_id: normalized.external_id,
+        raw,
+        raw_content_type: content_type.unwrap_or_default(),
+        remote_ip: meta.client_ip.clone(),
+        fields: normalized.fields,
+        attribution: normalized.attribution,
+        is_test: normalized.is_test,
+        errors,
+        received_at: meta.received_at,
+    }
+}
+
+/// Hands the lead to the `Intake` actor; if it cannot be stored, `failed`.
+async fn store_lead(state: &AppState, lead: NewLead) -> Contract {
+    let lead_id = lead.id.clone();
+    let source = lead.source_id.clone();
+    match state.tree.intake.send(SubmitLead { lead }).await {
+        Ok(Ok(contract)) => {
+            tracing::info!(
+                lead_id = %contract.submission_id,
+                %source,
+                state = ?contract.lead_state,
+                replayed = contract.replayed,
+                "lead stored"
+            );
+            contract
+        }
+        Ok(Err(error)) => {
+            tracing::error!(%lead_id, %source, %error, "intake could not store a lead");
+            Contract::failed(lead_id)
+        }
+        Err(error) => {
+            tracing::error!(%lead_id, %source, %error, "intake actor unavailable");
+            Contract::failed(lead_id)
+        }
+    }
+}
+
+fn status_of(contract: &Contract) -> StatusCode {
+    StatusCode::from_u16(contract.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+/// The contract as JSON; error answers also carry `error` and `message`.
+fn contract_json(contract: &Contract, status: StatusCode) -> Value {
+    let mut body = serde_json::to_value(contract).unwrap_or_default();
+    let explanation = match (status.as_u16(), contract.acceptance, contract.lead_state) {
+        (415, ..) => Some((
+            "unsupported_media_type",
+            "the body's content type is not supported; it was stored for review".to_string(),
+        )),
+        (_, Acceptance::Failed, _) => Some((
+            "store_unavailable",
+            "the lead could not be stored; send it again with the same idempotency key".to_string(),
+        )),
+        (422, _, Some(LeadState::Invalid)) => Some((
+            "invalid_lead",
+            format!(
+                "the lead was stored for review but is not valid: {}",
+                contract
+                    .errors
+                    .iter()
+                    .map(|error| format!("{}: {}", error.field, error.message))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        )),
+        _ => None,
+    };
+    if let (Some((code, message)), Value::Object(map)) = (explanation, &mut body) {
+        map.insert("error".into(), Value::String(code.into()));
+        map.insert("message".into(), Value::String(message));
+    }
+    body
+}
+
+fn request_meta(request: &HttpRequest) -> RequestMeta {
+    RequestMeta {
+        referer: header_text(request, header::REFERER.as_str()),
+        user_agent: header_text(request, header::USER_AGENT.as_str()),
+        client_ip: client_ip(request).map(|ip| ip.to_string()),
+        received_at: chrono::Utc::now(),
+        test_header: header_text(request, "x-test-lead")
+            .is_some_and(|value| matches!(value.trim(), "1" | "true" | "yes")),
+    }
+}
+
+fn client_ip(request: &HttpRequest) -> Option<IpAddr> {
+    request.peer_addr().map(|address| address.ip())
+}
+
+fn header_text(request: &HttpRequest, name: &str) -> Option<String> {
+    request
+        .headers()
+        .get(name)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_string)
+}
+
+/// A plain browser form post: it asked for HTML and not for JSON.
+fn wants_html(request: &HttpRequest) -> bool {
+    let accept = header_text(request, header::ACCEPT.as_str()).unwrap_or_default();
+    accept.contains("text/html") && !accept.contains("application/json")
+}

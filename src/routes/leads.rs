@@ -1,0 +1,229 @@
+//! Reading leads: the public status (the contract, no personal data), and for
+//! admins the full lead with its attempts, the filtered list and the review
+//! queue.
+
+use actix_web::{web, HttpResponse};
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use entity::{attempt, lead, sale};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{Admin, ApiError, AppState};
+use crate::domain::{Contract, FieldError, LeadState};
+use crate::store::{contract_of_row, LeadFilter, LeadPage};
+
+const DEFAULT_PAGE: u64 = 50;
+const MAX_PAGE: u64 = 500;
+
+/// `GET /v1/leads/{id}/status`: public, so only the contract.
+pub async fn status(
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let row = find(&state, &path).await?;
+    Ok(HttpResponse::Ok().json(contract_of_row(&row, state.awaiting_required_notify())))
+}
+
+/// `GET /v1/leads/{id}`: everything about the lead, attempts in order.
+pub async fn show(
+    _: Admin,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let row = find(&state, &path).await?;
+    let attempts = state.store.attempts_of(&row.id).await?;
+    let sale = state
+        .store
+        .sales_of(std::slice::from_ref(&row.id))
+        .await?
+        .remove(&row.id);
+    let mut view = LeadView::new(row, sale, state.awaiting_required_notify());
+    view.attempts = Some(attempts.into_iter().map(AttemptView::from).collect());
+    Ok(HttpResponse::Ok().json(view))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    state: Option<String>,
+    source: Option<String>,
+    limit: Option<u64>,
+    cursor: Option<String>,
+}
+
+/// `GET /v1/leads?state=&source=&limit=&cursor=`: newest first.
+pub async fn list(
+    _: Admin,
+    query: web::Query<ListQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let query = query.into_inner();
+    let states = match query.state.as_deref() {
+        None | Some("") => Vec::new(),
+        Some(name) => vec![LeadState::parse(name).ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "unknown state {name:?}; one of {}",
+                LeadState::ALL.map(LeadState::as_str).join(", ")
+            ))
+        })?],
+    };
+    let filter = LeadFilter {
+        states,
+        source: query.source.filter(|source| !source.is_empty()),
+        limit: page_size(query.limit),
+        cursor: query.cursor,
+        oldest_first: false,
+    };
+    page_response(&state, state.store.list_leads(&filter).await?).await
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ReviewQuery {
+    limit: Option<u64>,
+    cursor: Option<String>,
+}
+
+/// `GET /v1/review`: invalid and unknown leads, oldest first.
+pub async fn review(
+    _: Admin,
+    query: web::Query<ReviewQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let query = query.into_inner();
+    let filter = LeadFilter {
+        states: vec![LeadState::Invalid, LeadState::Unknown],
+        source: None,
+        limit: page_size(query.limit),
+        cursor: query.cursor,
+        oldest_first: true,
+    };
+    page_response(&state, state.store.list_leads(&filter).await?).await
+}
+
+fn page_size(requested: Option<u64>) -> u64 {
+    requested.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE)
+}
+
+async fn page_response(state: &AppState, page: LeadPage) -> Result<HttpResponse, ApiError> {
+    let ids: Vec<String> = page.leads.iter().map(|lead| lead.id.clone()).collect();
+    let mut sales = state.store.sales_of(&ids).await?;
+    let awaiting = state.awaiting_required_notify();
+    let leads: Vec<LeadView> = page
+        .leads
+        .into_iter()
+        .map(|row| {
+            let sale = sales.remove(&row.id);
+            LeadView::new(row, sale, awaiting)
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "leads": leads,
+        "next_cursor": page.next_cursor,
+    })))
+}
+
+async fn find(state: &AppState, id: &str) -> Result<lead::Model, ApiError> {
+    state
+        .store
+        .find_lead(id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("lead {id:?}")))
+}
+
+/// A lead as the admin API shows it (SPEC section 5).
+#[derive(Debug, Serialize)]
+pub struct LeadView {
+    id: String,
+    source: String,
+    external_id: Option<String>,
+    lead_state: String,
+    contract: Contract,
+    fields: Value,
+    attribution: Value,
+    test: bool,
+    /// The body as text (lossy where it is not UTF-8).
+    raw: String,
+    /// The exact body, when it is not valid UTF-8.
+    raw_base64: Option<String>,
+    raw_content_type: String,
+    received_at: DateTime<Utc>,
+    sold_to: Option<String>,
+    price: Option<f64>,
+    errors: Vec<FieldError>,
+    duplicate_of: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempts: Option<Vec<AttemptView>>,
+}
+
+impl LeadView {
+    fn new(row: lead::Model, sale: Option<sale::Model>, awaiting_required_notify: bool) -> Self {
+        let contract = contract_of_row(&row, awaiting_required_notify);
+        let (raw, raw_base64) = match String::from_utf8(row.raw) {
+            Ok(text) => (text, None),
+            Err(error) => {
+                let bytes = error.into_bytes();
+                (
+                    String::from_utf8_lossy(&bytes).into_owned(),
+                    Some(base64::engine::general_purpose::STANDARD.encode(&bytes)),
+                )
+            }
+        };
+        Self {
+            errors: contract.errors.clone(),
+            contract,
+            id: row.id,
+            source: row.source_id,
+            external_id: row.external_id,
+            lead_state: row.state,
+            fields: row.fields,
+            attribution: row.attribution,
+            test: row.is_test,
+            raw,
+            raw_base64,
+            raw_content_type: row.raw_content_type,
+            received_at: row.received_at,
+            sold_to: sale.as_ref().map(|sale| sale.buyer_id.clone()),
+            price: sale.and_then(|sale| sale.price),
+            duplicate_of: row.duplicate_of,
+            attempts: None,
+        }
+    }
+}
+
+/// One attempt as the admin API shows it; secrets were redacted when stored.
+#[derive(Debug, Serialize)]
+pub struct AttemptView {
+    id: String,
+    lead_id: String,
+    kind: String,
+    buyer_id: String,
+    outcome: String,
+    reason: Option<String>,
+    http_status: Option<i32>,
+    started_at: DateTime<Utc>,
+    duration_ms: Option<i64>,
+    retry_of: Option<String>,
+    request: Value,
+    response_body: Option<String>,
+    snapshot: Value,
+}
+
+impl From<attempt::Model> for AttemptView {
+    fn from(row: attempt::Model) -> Self {
+        Self {
+            id: row.id,
+            lead_id: row.lead_id,
+            kind: row.kind,
+            buyer_id: row.buyer_id,
+            outcome: row.outcome,
+            reason: row.reason,
+            http_status: row.http_status,
+            started_at: row.started_at,
+            duration_ms: row.duration_ms,
+            retry_of: row.retry_of,
+            request: row.request,
+            response_body: row.response_body,
+            snapshot: row.snapshot,
+        }
+    }
+}

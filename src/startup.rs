@@ -1,0 +1,86 @@
+//! `Application`: connects the store, runs migrations, starts the actor tree,
+//! and binds the HTTP server (port 0 in tests).
+
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use actix_web::{dev::Server, web, App, HttpServer};
+use anyhow::Context;
+
+use crate::actors::{IntakeRules, Overseer, Tree};
+use crate::config::Settings;
+use crate::rate_limit::RateLimiter;
+use crate::routes::{self, AppState};
+use crate::store::{DuplicateRule, Store};
+
+pub struct Application {
+    port: u16,
+    server: Server,
+    store: Store,
+}
+
+impl Application {
+    /// Connects, migrates, starts the actors and binds `server.listen`.
+    /// Must run inside an actix system (`#[actix_web::main]`, `actix_web::test`).
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        Self::build_with(settings, |_| {}).await
+    }
+
+    /// As [`Application::build`], with extra routes (the demo's form page).
+    pub async fn build_with(
+        settings: Settings,
+        extra_routes: fn(&mut web::ServiceConfig),
+    ) -> anyhow::Result<Self> {
+        let store = Store::connect(&settings.database)
+            .await
+            .with_context(|| format!("failed to connect to {}", settings.database.display_url()))?;
+        store.migrate().await.context("failed to run migrations")?;
+
+        let listener = TcpListener::bind(&settings.server.listen)
+            .with_context(|| format!("failed to listen on {}", settings.server.listen))?;
+        let port = listener.local_addr()?.port();
+
+        let rules = IntakeRules {
+            duplicates: DuplicateRule {
+                window: settings.intake.duplicate_window,
+                keys: settings.intake.duplicate_keys.clone(),
+            },
+            awaiting_required_notify: settings.notify.iter().any(|channel| channel.required),
+        };
+        let (_overseer, tree): (_, Tree) = Overseer::start(store.clone(), rules);
+        let grace = settings.server.shutdown_grace;
+        let state = web::Data::new(AppState {
+            settings: Arc::new(settings),
+            store: store.clone(),
+            tree,
+            limiter: RateLimiter::default(),
+        });
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(state.clone())
+                .configure(extra_routes)
+                .configure(routes::configure)
+        })
+        .listen(listener)?
+        .shutdown_timeout(grace.as_secs())
+        .run();
+        Ok(Self {
+            port,
+            server,
+            store,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Serves until the server is stopped (ctrl-c / SIGTERM).
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        self.server.await
+    }
+}

@@ -1,0 +1,311 @@
+//! Lead rows: the intake log, the group-commit insert with database-enforced
+//! dedupe, same-person matching, and the reads behind the lead endpoints.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use entity::{attempt, intake_log, lead, lead_match_key, sale};
+use sea_orm::sea_query::OnConflict;
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, IntoActiveModel,
+    QueryFilter, QueryOrder, QuerySelect, TransactionTrait, TryInsertResult,
+};
+use serde_json::{Map, Value};
+
+use super::Store;
+use crate::domain::{Contract, FieldError, LeadState};
+
+/// A lead as intake built it, before the database has seen it.
+#[derive(Debug, Clone)]
+pub struct NewLead {
+    pub id: String,
+    pub source_id: String,
+    pub idempotency_key: Option<String>,
+    pub external_id: Option<String>,
+    pub raw: Vec<u8>,
+    pub raw_content_type: String,
+    pub remote_ip: Option<String>,
+    pub fields: Map<String, Value>,
+    pub attribution: Map<String, Value>,
+    pub is_test: bool,
+    pub errors: Vec<FieldError>,
+    pub received_at: DateTime<Utc>,
+}
+
+/// How same-person duplicates are found (`intake.duplicate_*`).
+#[derive(Debug, Clone)]
+pub struct DuplicateRule {
+    pub window: Duration,
+    pub keys: Vec<String>,
+}
+
+/// What the database made of one submitted lead.
+#[derive(Debug, Clone)]
+pub enum PersistOutcome {
+    /// A new row.
+    Inserted(lead::Model),
+    /// The (source, idempotency key) pair already existed: this is that lead.
+    Existing(lead::Model),
+}
+
+/// Filters of `GET /v1/leads` and the review queue.
+#[derive(Debug, Clone, Default)]
+pub struct LeadFilter {
+    pub states: Vec<LeadState>,
+    pub source: Option<String>,
+    pub limit: u64,
+    /// The last id of the previous page.
+    pub cursor: Option<String>,
+    pub oldest_first: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct LeadPage {
+    pub leads: Vec<lead::Model>,
+    pub next_cursor: Option<String>,
+}
+
+impl Store {
+    /// Writes the "arrived" records of a batch, before any lead row.
+    pub async fn log_arrivals(&self, leads: &[NewLead]) -> Result<(), DbErr> {
+        let rows = leads.iter().map(|lead| intake_log::ActiveModel {
+            id: Set(crate::domain::new_id()),
+            lead_id: Set(lead.id.clone()),
+            source_id: Set(Some(lead.source_id.clone())),
+            content_type: Set(lead.raw_content_type.clone()),
+            remote_ip: Set(lead.remote_ip.clone()),
+            idempotency_key: Set(lead.idempotency_key.clone()),
+            body: Set(lead.raw.clone()),
+            received_at: Set(lead.received_at),
+        });
+        intake_log::Entity::insert_many(rows)
+            .exec_without_returning(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    /// Inserts a batch of leads in one transaction (group commit). A key
+    /// already taken is detected by the unique index, never by a prior read.
+    pub async fn persist_leads(
+        &self,
+        leads: &[NewLead],
+        rule: &DuplicateRule,
+    ) -> Result<Vec<PersistOutcome>, DbErr> {
+        let txn = self.db.begin().await?;
+        let mut outcomes = Vec::with_capacity(leads.len());
+        for new in leads {
+            outcomes.push(persist_one(&txn, new, rule).await?);
+        }
+        txn.commit().await?;
+        Ok(outcomes)
+    }
+
+    pub async fn find_lead(&self, id: &str) -> Result<Option<lead::Model>, DbErr> {
+        lead::Entity::find_by_id(id.to_string()).one(&self.db).await
+    }
+
+    /// Attempts of a lead in the order they were made.
+    pub async fn attempts_of(&self, lead_id: &str) -> Result<Vec<attempt::Model>, DbErr> {
+        attempt::Entity::find()
+            .filter(attempt::Column::LeadId.eq(lead_id))
+            .order_by_asc(attempt::Column::StartedAt)
+            .order_by_asc(attempt::Column::Id)
+            .all(&self.db)
+            .await
+    }
+
+    /// One page of leads; ids are time-ordered, so the id is the cursor.
+    pub async fn list_leads(&self, filter: &LeadFilter) -> Result<LeadPage, DbErr> {
+        let mut query = lead::Entity::find();
+        if !filter.states.is_empty() {
+            query =
+                query.filter(lead::Column::State.is_in(filter.states.iter().map(|s| s.as_str())));
+        }
+        if let Some(source) = &filter.source {
+            query = query.filter(lead::Column::SourceId.eq(source.as_str()));
+        }
+        query = match (&filter.cursor, filter.oldest_first) {
+            (Some(cursor), true) => query.filter(lead::Column::Id.gt(cursor.as_str())),
+            (Some(cursor), false) => query.filter(lead::Column::Id.lt(cursor.as_str())),
+            (None, _) => query,
+        };
+        query = if filter.oldest_first {
+            query.order_by_asc(lead::Column::Id)
+        } else {
+            query.order_by_desc(lead::Column::Id)
+        };
+        let mut leads = query.limit(filter.limit + 1).all(&self.db).await?;
+        let next_cursor = if leads.len() as u64 > filter.limit {
+            leads.truncate(filter.limit as usize);
+            leads.last().map(|lead| lead.id.clone())
+        } else {
+            None
+        };
+        Ok(LeadPage { leads, next_cursor })
+    }
+}
+
+async fn persist_one(
+    txn: &impl ConnectionTrait,
+    new: &NewLead,
+    rule: &DuplicateRule,
+) -> Result<PersistOutcome, DbErr> {
+    let routable = new.errors.is_empty() && !new.is_test;
+    let duplicate_of = if routable {
+        find_same_person(txn, new, rule).await?
+    } else {
+        None
+    };
+    let state = if !new.errors.is_empty() {
+        LeadState::Invalid
+    } else if duplicate_of.is_some() {
+        LeadState::Duplicate
+    } else {
+        LeadState::Received
+    };
+    let row = lead::Model {
+        id: new.id.clone(),
+        source_id: new.source_id.clone(),
+        idempotency_key: new.idempotency_key.clone(),
+        external_id: new.external_id.clone(),
+        state: state.as_str().to_string(),
+        raw: new.raw.clone(),
+        raw_content_type: new.raw_content_type.clone(),
+        fields: Value::Object(new.fields.clone()),
+        attribution: Value::Object(new.attribution.clone()),
+        is_test: new.is_test,
+        errors: serde_json::to_value(&new.errors).unwrap_or_default(),
+        duplicate_of,
+        manager_notified: false,
+        crm_synced: false,
+        lease_owner: None,
+        lease_until: None,
+        received_at: new.received_at,
+        updated_at: new.received_at,
+    };
+    let inserted = lead::Entity::insert(row.clone().into_active_model())
+        .on_conflict_do_nothing_on([lead::Column::SourceId, lead::Column::IdempotencyKey])
+        .exec_without_returning(txn)
+        .await?;
+    if let TryInsertResult::Inserted(1..) = inserted {
+        if routable && state == LeadState::Received {
+            record_match_keys(txn, new, rule).await?;
+        }
+        return Ok(PersistOutcome::Inserted(row));
+    }
+    let existing = lead::Entity::find()
+        .filter(lead::Column::SourceId.eq(new.source_id.as_str()))
+        .filter(lead::Column::IdempotencyKey.eq(new.idempotency_key.clone()))
+        .one(txn)
+        .await?
+        .ok_or_else(|| DbErr::RecordNotFound("lead behind a conflicting key".into()))?;
+    Ok(PersistOutcome::Existing(existing))
+}
+
+fn match_keys<'a>(
+    new: &'a NewLead,
+    rule: &'a DuplicateRule,
+) -> impl Iterator<Item = (&'a str, &'a str)> {
+    rule.keys.iter().filter_map(|name| {
+        new.fields
+            .get(name)
+            .and_then(Value::as_str)
+            .map(|value| (name.as_str(), value))
+    })
+}
+
+/// The earliest lead within the window sharing any duplicate key value.
+async fn find_same_person(
+    txn: &impl ConnectionTrait,
+    new: &NewLead,
+    rule: &DuplicateRule,
+) -> Result<Option<String>, DbErr> {
+    let since =
+        new.received_at - chrono::Duration::from_std(rule.window).unwrap_or(chrono::Duration::MAX);
+    let mut earliest: Option<lead_match_key::Model> = None;
+    for (name, value) in match_keys(new, rule) {
+        let found = lead_match_key::Entity::find()
+            .filter(lead_match_key::Column::Name.eq(name))
+            .filter(lead_match_key::Column::Value.eq(value))
+            .filter(lead_match_key::Column::ReceivedAt.gte(since))
+            .order_by_asc(lead_match_key::Column::ReceivedAt)
+            .one(txn)
+            .await?;
+        if let Some(found) = found {
+            if earliest
+                .as_ref()
+                .is_none_or(|e| found.received_at < e.received_at)
+            {
+                earliest = Some(found);
+            }
+        }
+    }
+    Ok(earliest.map(|key| key.lead_id))
+}
+
+async fn record_match_keys(
+    txn: &impl ConnectionTrait,
+    new: &NewLead,
+    rule: &DuplicateRule,
+) -> Result<(), DbErr> {
+    let rows: Vec<_> = match_keys(new, rule)
+        .map(|(name, value)| lead_match_key::ActiveModel {
+            name: Set(name.to_string()),
+            value: Set(value.to_string()),
+            lead_id: Set(new.id.clone()),
+            received_at: Set(new.received_at),
+        })
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    lead_match_key::Entity::insert_many(rows)
+        .on_conflict(
+            OnConflict::columns([
+                lead_match_key::Column::Name,
+                lead_match_key::Column::Value,
+                lead_match_key::Column::LeadId,
+            ])
+            .do_nothing()
+            .to_owned(),
+        )
+        .exec_without_returning(txn)
+        .await?;
+    Ok(())
+}
+
+/// The acceptance contract of a stored lead row.
+pub fn contract_of_row(row: &lead::Model, awaiting_required_notify: bool) -> Contract {
+    let state = LeadState::parse(&row.state).unwrap_or(LeadState::Received);
+    let errors: Vec<FieldError> = serde_json::from_value(row.errors.clone()).unwrap_or_default();
+    let mut contract = Contract::for_stored(
+        row.id.clone(),
+        state,
+        row.duplicate_of.clone(),
+        errors,
+        awaiting_required_notify,
+    );
+    contract.manager_notified = row.manager_notified;
+    contract.crm_synced = row.crm_synced;
+    contract
+}
+
+impl Store {
+    /// The sale of each lead in `lead_ids` that has one.
+    pub async fn sales_of(
+        &self,
+        lead_ids: &[String],
+    ) -> Result<std::collections::HashMap<String, sale::Model>, DbErr> {
+        if lead_ids.is_empty() {
+            return Ok(Default::default());
+        }
+        let sales = sale::Entity::find()
+            .filter(sale::Column::LeadId.is_in(lead_ids.iter().map(String::as_str)))
+            .all(&self.db)
+            .await?;
+        Ok(sales
+            .into_iter()
+            .map(|sale| (sale.lead_id.clone(), sale))
+            .collect())
+    }
+}

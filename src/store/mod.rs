@@ -1,0 +1,84 @@
+//! The only place that talks to the database: connecting (SQLite or
+//! PostgreSQL through the same sea-orm code), migrating, and the queries.
+
+mod leads;
+
+use std::time::Duration;
+
+use migration::{Migrator, MigratorTrait};
+use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
+
+pub use leads::{contract_of_row, DuplicateRule, LeadFilter, LeadPage, NewLead, PersistOutcome};
+
+use crate::config::DatabaseSettings;
+
+/// How long a SQLite writer waits for the file lock before failing.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A handle on the database, cheap to clone (the pool is shared).
+#[derive(Clone, Debug)]
+pub struct Store {
+    db: DatabaseConnection,
+}
+
+impl Store {
+    /// Connects with durable commits: SQLite in WAL mode with `synchronous =
+    /// FULL` (fsync on every commit), PostgreSQL with its defaults.
+    pub async fn connect(settings: &DatabaseSettings) -> Result<Self, DbErr> {
+        let url = settings.url.expose();
+        if settings.is_sqlite() {
+            create_sqlite_parent_dir(url);
+        }
+        let mut options = ConnectOptions::new(url.to_string());
+        options
+            .max_connections(settings.max_connections)
+            .acquire_timeout(settings.acquire_timeout)
+            .connect_timeout(settings.acquire_timeout)
+            .sqlx_logging(false)
+            .map_sqlx_sqlite_opts(|options| {
+                options
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Full)
+                    .busy_timeout(SQLITE_BUSY_TIMEOUT)
+            });
+        Ok(Self {
+            db: Database::connect(options).await?,
+        })
+    }
+
+    /// Applies pending migrations.
+    pub async fn migrate(&self) -> Result<(), DbErr> {
+        Migrator::up(&self.db, None).await
+    }
+
+    /// True when the database answers.
+    pub async fn is_reachable(&self) -> bool {
+        self.db.ping().await.is_ok()
+    }
+
+    /// The connection, for tests and tools that inspect rows directly.
+    pub fn connection(&self) -> &DatabaseConnection {
+        &self.db
+    }
+}
+
+/// `sqlite://data/x.db?mode=rwc` needs `data/` to exist before it can create the file.
+fn create_sqlite_parent_dir(url: &str) {
+    let path = url
+        .trim_start_matches("sqlite:")
+        .trim_start_matches("//")
+        .split('?')
+        .next()
+        .unwrap_or_default();
+    if path.is_empty() || path.starts_with(":memory:") {
+        return;
+    }
+    if let Some(parent) = std::path::Path::new(path).parent() {
+        if !parent.as_os_str().is_empty() {
+            if let Err(error) = std::fs::create_dir_all(parent) {
+                tracing::warn!(%error, dir = %parent.display(), "cannot create the SQLite directory");
+            }
+        }
+    }
+}
