@@ -182,7 +182,7 @@ fn deserialize_reporting_all(mut value: Value, problems: &mut Vec<Problem>) -> O
     let mut dropped: Vec<String> = Vec::new();
     for _ in 0..MAX_REPORTED_PROBLEMS {
         match serde_path_to_error::deserialize::<_, Settings>(value.clone()) {
-            Ok(settings) => return problems.is_empty().then_some(settings),
+            Ok(settings) => return Some(settings),
             Err(error) => {
                 let path = error.path().to_string();
                 let path = if path == "." { String::new() } else { path };

@@ -1,0 +1,241 @@
+//! Test helpers: `spawn_app` (port 0, a database of its own on SQLite or
+//! PostgreSQL, dropped afterwards), an HTTP client, and `wait_until`.
+
+use std::time::Duration;
+
+use leadrouter::config::{self, Settings};
+use leadrouter::startup::Application;
+use leadrouter::store::Store;
+use sea_orm::{ConnectionTrait, Database};
+use serde_json::Value;
+
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+pub const PARTNER_KEY: &str = "partner-key-0123456789";
+/// Where PostgreSQL tests create their databases; override with LEADROUTER_TEST_POSTGRES.
+const DEFAULT_POSTGRES: &str = "postgres://postgres@127.0.0.1:5432";
+
+/// The configuration every test starts from; tests adjust it with `spawn_app_with`.
+pub const BASE_CONFIG: &str = r#"
+[server]
+admin_token = "test-admin-token"
+max_body_bytes = 4096
+
+[[sources]]
+id = "website"
+kind = "form"
+required = ["email"]
+thank_you_url = "https://example.com/thanks"
+
+[[sources]]
+id = "partner"
+kind = "feed"
+api_key = "partner-key-0123456789"
+external_id = "lead_id"
+required = ["email"]
+"#;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Runs each named `async fn(Backend)` as two tests: `NAME::sqlite` and `NAME::postgres`.
+#[macro_export]
+macro_rules! on_both_databases {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[actix_web::test]
+                async fn sqlite() {
+                    super::$name($crate::helpers::Backend::Sqlite).await
+                }
+                #[actix_web::test]
+                async fn postgres() {
+                    super::$name($crate::helpers::Backend::Postgres).await
+                }
+            }
+        )*
+    };
+}
+
+/// A database of a test's own; PostgreSQL databases are dropped on drop.
+pub struct TestDatabase {
+    pub url: String,
+    _dir: Option<tempfile::TempDir>,
+    postgres_name: Option<String>,
+}
+
+impl TestDatabase {
+    pub async fn create(backend: Backend) -> Self {
+        match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let url = format!("sqlite://{}/leadrouter.db?mode=rwc", dir.path().display());
+                Self {
+                    url,
+                    _dir: Some(dir),
+                    postgres_name: None,
+                }
+            }
+            Backend::Postgres => {
+                let name = format!("lr_test_{}", uuid_simple());
+                let admin = Database::connect(format!("{}/postgres", postgres_base()))
+                    .await
+                    .expect("PostgreSQL must be running for the postgres tests");
+                admin
+                    .execute_unprepared(&format!("CREATE DATABASE {name}"))
+                    .await
+                    .expect("create test database");
+                Self {
+                    url: format!("{}/{name}", postgres_base()),
+                    _dir: None,
+                    postgres_name: Some(name),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let Some(name) = self.postgres_name.take() else {
+            return;
+        };
+        // Drop runs outside any runtime we may block: use a thread of its own.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            if let Ok(runtime) = runtime {
+                runtime.block_on(async {
+                    if let Ok(admin) =
+                        Database::connect(format!("{}/postgres", postgres_base())).await
+                    {
+                        let _ = admin
+                            .execute_unprepared(&format!(
+                                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                            ))
+                            .await;
+                    }
+                });
+            }
+        })
+        .join();
+    }
+}
+
+fn postgres_base() -> String {
+    std::env::var("LEADROUTER_TEST_POSTGRES").unwrap_or_else(|_| DEFAULT_POSTGRES.to_string())
+}
+
+fn uuid_simple() -> String {
+    leadrouter::domain::new_id().replace('-', "")
+}
+
+/// A running leadrouter on a loopback port with its own database.
+pub struct TestApp {
+    pub address: String,
+    pub store: Store,
+    pub client: awc::Client,
+    _database: TestDatabase,
+}
+
+pub async fn spawn_app(backend: Backend) -> TestApp {
+    spawn_app_with(backend, "").await
+}
+
+/// Starts the app on `BASE_CONFIG` plus `extra` TOML (appended).
+pub async fn spawn_app_with(backend: Backend, extra: &str) -> TestApp {
+    let database = TestDatabase::create(backend).await;
+    let mut settings = test_settings(extra);
+    settings.database.url = config::Secret::new(database.url.clone());
+    settings.server.listen = "127.0.0.1:0".into();
+    let application = Application::build(settings).await.expect("app builds");
+    let address = format!("http://127.0.0.1:{}", application.port());
+    let store = application.store().clone();
+    actix_web::rt::spawn(application.run_until_stopped());
+    TestApp {
+        address,
+        store,
+        client: awc::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .disable_redirects()
+            .finish(),
+        _database: database,
+    }
+}
+
+pub fn test_settings(extra: &str) -> Settings {
+    config::parse(&format!("{BASE_CONFIG}\n{extra}"), |_| None).expect("test config is valid")
+}
+
+/// An HTTP answer read whole: status, headers and body.
+pub struct Answer {
+    pub status: u16,
+    pub headers: awc::http::header::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|error| {
+            panic!(
+                "not JSON ({error}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
+    }
+
+    /// Sends a request built by `build` with `body`, and reads the answer.
+    pub async fn send(&self, request: awc::ClientRequest, body: impl Into<Vec<u8>>) -> Answer {
+        let mut response = request.send_body(body.into()).await.expect("request sent");
+        let body = response
+            .body()
+            .limit(16 * 1024 * 1024)
+            .await
+            .expect("body read");
+        Answer {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            body: body.to_vec(),
+        }
+    }
+
+    /// A JSON lead posted to the `website` form source.
+    pub async fn post_form_lead(&self, body: &Value) -> Answer {
+        let request = self
+            .client
+            .post(self.url("/v1/leads?source=website"))
+            .insert_header(("Content-Type", "application/json"));
+        self.send(request, serde_json::to_vec(body).unwrap()).await
+    }
+
+    /// A JSON lead posted by the `partner` feed with its key.
+    pub async fn post_feed_lead(&self, body: &Value) -> Answer {
+        let request = self
+            .client
+            .post(self.url("/v1/leads"))
+            .insert_header(("Content-Type", "application/json"))
+            .insert_header(("X-Api-Key", PARTNER_KEY));
+        self.send(request, serde_json::to_vec(body).unwrap()).await
+    }
+
+    pub async fn admin_get(&self, path: &str) -> Answer {
+        let request = self
+            .client
+            .get(self.url(path))
+            .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")));
+        self.send(request, Vec::new()).await
+    }
+}

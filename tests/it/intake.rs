@@ -1,0 +1,484 @@
+//! Intake: store first, the acceptance contract, dedupe, validation, limits.
+
+use entity::{intake_log, lead};
+use futures_util::future::join_all;
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter};
+use serde_json::{json, Value};
+
+use crate::helpers::{spawn_app, spawn_app_with, Backend, PARTNER_KEY};
+use crate::on_both_databases;
+
+on_both_databases!(
+    a_valid_lead_is_stored_and_accepted_at_once,
+    the_intake_log_row_exists_even_when_the_lead_insert_fails,
+    raw_bytes_come_back_byte_for_byte,
+    twenty_concurrent_submissions_with_one_key_produce_one_lead,
+    a_replay_by_each_key_kind_returns_the_first_contract,
+    invalid_and_unparsable_bodies_are_stored_and_listed_in_review,
+    a_same_person_duplicate_is_stored_and_marked,
+    an_oversized_body_gets_413_and_a_wrong_key_401,
+    attribution_and_test_marks_are_kept,
+    a_browser_form_post_is_redirected_or_shown_a_page,
+    a_source_over_its_rate_limit_gets_429_with_retry_after,
+    a_batch_judges_each_lead_on_its_own,
+);
+
+async fn a_valid_lead_is_stored_and_accepted_at_once(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let answer = app
+        .post_form_lead(&json!({"email": "Ann@Example.com", "phone": "(555) 010-9999"}))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let contract = answer.json();
+    assert_eq!(contract["acceptance"], "accepted");
+    assert_eq!(contract["accepted"], true);
+    assert_eq!(contract["server_recorded"], true);
+    assert_eq!(contract["lead_state"], "received");
+    assert_eq!(contract["replayed"], false);
+    assert_eq!(contract["errors"], json!([]));
+    let id = contract["submission_id"].as_str().unwrap();
+    let row = lead::Entity::find_by_id(id.to_string())
+        .one(app.store.connection())
+        .await
+        .unwrap()
+        .expect("the lead row exists once the sender is answered");
+    assert_eq!(row.fields["email"], "ann@example.com");
+    assert_eq!(row.fields["phone"], "5550109999");
+    assert_eq!(row.state, "received");
+}
+
+async fn the_intake_log_row_exists_even_when_the_lead_insert_fails(backend: Backend) {
+    let app = spawn_app(backend).await;
+    // A real database failure: the leads table is gone.
+    app.store
+        .connection()
+        .execute_unprepared("ALTER TABLE leads RENAME TO leads_moved_away")
+        .await
+        .unwrap();
+    let body = br#"{"email": "log@example.com"}"#;
+    let request = app
+        .client
+        .post(app.url("/v1/leads?source=website"))
+        .insert_header(("Content-Type", "application/json"));
+    let answer = app.send(request, body.to_vec()).await;
+
+    assert_eq!(answer.status, 503, "{}", answer.text());
+    let contract = answer.json();
+    assert_eq!(contract["acceptance"], "failed");
+    assert_eq!(contract["server_recorded"], false);
+    assert_eq!(contract["error"], "store_unavailable");
+    let logged = intake_log::Entity::find()
+        .filter(intake_log::Column::LeadId.eq(contract["submission_id"].as_str().unwrap()))
+        .one(app.store.connection())
+        .await
+        .unwrap()
+        .expect("the arrival was logged before the failed insert");
+    assert_eq!(logged.body, body.to_vec());
+    assert_eq!(logged.source_id.as_deref(), Some("website"));
+}
+
+async fn raw_bytes_come_back_byte_for_byte(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let json_body = "{ \"zeta\" :\"last first\",\n\t\"email\":  \"Zoë@Example.com\" , \"alpha\":\"ü 😀 \\u00e9\" }  ";
+    let form_body = "email=ann%40example.com&z=1&a=%C3%BC+2&z=3";
+    let not_utf8: &[u8] = b"{\"email\": \"a@b.co\", \"x\": \"\xff\xfe\"}";
+    let cases: [(&str, &[u8]); 3] = [
+        ("application/json", json_body.as_bytes()),
+        ("application/x-www-form-urlencoded", form_body.as_bytes()),
+        ("application/json", not_utf8),
+    ];
+    for (content_type, body) in cases {
+        let request = app
+            .client
+            .post(app.url("/v1/leads?source=website"))
+            .insert_header(("Content-Type", content_type));
+        let answer = app.send(request, body.to_vec()).await;
+        let id = answer.json()["submission_id"].as_str().unwrap().to_string();
+
+        let view = app.admin_get(&format!("/v1/leads/{id}")).await.json();
+        assert_eq!(view["raw_content_type"], content_type);
+        match std::str::from_utf8(body) {
+            Ok(text) => {
+                assert_eq!(view["raw"], text);
+                assert_eq!(view["raw_base64"], Value::Null);
+            }
+            Err(_) => {
+                use base64::Engine;
+                let exact = base64::engine::general_purpose::STANDARD.encode(body);
+                assert_eq!(view["raw_base64"], exact);
+                assert_eq!(view["lead_state"], "invalid");
+            }
+        }
+        let row = app.store.find_lead(&id).await.unwrap().unwrap();
+        assert_eq!(
+            row.raw,
+            body.to_vec(),
+            "stored bytes differ for {content_type}"
+        );
+    }
+}
+
+async fn twenty_concurrent_submissions_with_one_key_produce_one_lead(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let submissions = (0..20).map(|n| {
+        let request = app
+            .client
+            .post(app.url("/v1/leads?source=website"))
+            .insert_header(("Content-Type", "application/json"))
+            .insert_header(("Idempotency-Key", "same-key-for-all"));
+        app.send(request, format!(r#"{{"email": "race{n}@example.com"}}"#))
+    });
+    let answers = join_all(submissions).await;
+
+    let ids: std::collections::HashSet<String> = answers
+        .iter()
+        .map(|answer| {
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            answer.json()["submission_id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(ids.len(), 1, "every answer names the same lead");
+    let fresh = answers
+        .iter()
+        .filter(|a| a.json()["replayed"] == false)
+        .count();
+    assert_eq!(fresh, 1, "exactly one submission stored the lead");
+    let rows = lead::Entity::find()
+        .filter(lead::Column::IdempotencyKey.eq("same-key-for-all"))
+        .count(app.store.connection())
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+}
+
+async fn a_replay_by_each_key_kind_returns_the_first_contract(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let by_header = |email: &str| {
+        let request = app
+            .client
+            .post(app.url("/v1/leads?source=website"))
+            .insert_header(("Content-Type", "application/json"))
+            .insert_header(("Idempotency-Key", "header-key-1"));
+        app.send(request, format!(r#"{{"email": "{email}"}}"#))
+    };
+    let first = by_header("one@example.com").await.json();
+    let again = by_header("changed@example.com").await;
+    assert_replay(&first, &again);
+
+    let first = app
+        .post_form_lead(&json!({"email": "two@example.com", "submission_id": "form-123"}))
+        .await
+        .json();
+    let again = app
+        .post_form_lead(&json!({"email": "two@example.com", "submission_id": "form-123"}))
+        .await;
+    assert_replay(&first, &again);
+
+    let first = app
+        .post_feed_lead(&json!({"email": "three@example.com", "lead_id": 9001}))
+        .await
+        .json();
+    let again = app
+        .post_feed_lead(&json!({"email": "three@example.com", "lead_id": 9001}))
+        .await;
+    assert_replay(&first, &again);
+    let row = app
+        .store
+        .find_lead(first["submission_id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.external_id.as_deref(), Some("9001"));
+
+    // The same key from another source is another lead.
+    let other_source = app
+        .post_form_lead(&json!({"email": "three@example.com", "submission_id": "9001"}))
+        .await
+        .json();
+    assert_eq!(other_source["replayed"], false);
+}
+
+fn assert_replay(first: &Value, again: &crate::helpers::Answer) {
+    assert_eq!(first["replayed"], false);
+    assert_eq!(again.status, 200, "{}", again.text());
+    let again = again.json();
+    assert_eq!(again["replayed"], true);
+    assert_eq!(again["submission_id"], first["submission_id"]);
+    assert_eq!(again["lead_state"], first["lead_state"]);
+}
+
+async fn invalid_and_unparsable_bodies_are_stored_and_listed_in_review(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let invalid = app
+        .post_form_lead(&json!({"email": "not-an-email", "phone": "12"}))
+        .await;
+    assert_eq!(invalid.status, 422);
+    let invalid = invalid.json();
+    assert_eq!(invalid["lead_state"], "invalid");
+    assert_eq!(invalid["acceptance"], "pending");
+    assert_eq!(invalid["server_recorded"], true);
+    assert_eq!(invalid["error"], "invalid_lead");
+    let fields: Vec<&str> = invalid["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["email", "phone"]);
+
+    let request = app
+        .client
+        .post(app.url("/v1/leads?source=website"))
+        .insert_header(("Content-Type", "application/json"));
+    let broken = app.send(request, r#"{"email": "a@b.co", "#).await;
+    assert_eq!(broken.status, 422);
+    let broken = broken.json();
+    assert_eq!(broken["errors"][0]["field"], "body");
+
+    let request = app
+        .client
+        .post(app.url("/v1/leads?source=website"))
+        .insert_header(("Content-Type", "multipart/form-data; boundary=xyz"));
+    let multipart = app
+        .send(request, "--xyz\r\n\r\nemail=a@b.co\r\n--xyz--")
+        .await;
+    assert_eq!(multipart.status, 415);
+    let multipart = multipart.json();
+    assert_eq!(multipart["error"], "unsupported_media_type");
+    assert_eq!(multipart["server_recorded"], true);
+
+    let nested = app
+        .post_form_lead(&json!({"email": "ok@example.com", "junk": {"deep": [1, {"x": 2}]}}))
+        .await;
+    assert_eq!(nested.status, 422);
+
+    let review = app.admin_get("/v1/review").await;
+    assert_eq!(review.status, 200);
+    let listed: Vec<Value> = review.json()["leads"].as_array().unwrap().clone();
+    let listed_ids: Vec<&Value> = listed.iter().map(|lead| &lead["id"]).collect();
+    assert_eq!(
+        listed_ids,
+        [
+            &invalid["submission_id"],
+            &broken["submission_id"],
+            &multipart["submission_id"],
+            &nested.json()["submission_id"]
+        ],
+        "oldest first"
+    );
+    assert_eq!(listed[1]["raw"], r#"{"email": "a@b.co", "#);
+    assert!(listed.iter().all(|lead| lead["lead_state"] == "invalid"));
+}
+
+async fn a_same_person_duplicate_is_stored_and_marked(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let original = app
+        .post_form_lead(&json!({"email": "twin@example.com", "phone": "555 010 1111"}))
+        .await
+        .json();
+    let by_phone = app
+        .post_feed_lead(&json!({"email": "other@example.com", "phone": "(555) 010-1111"}))
+        .await;
+    assert_eq!(by_phone.status, 200);
+    let by_phone = by_phone.json();
+    assert_eq!(by_phone["lead_state"], "duplicate");
+    assert_eq!(by_phone["duplicate_of"], original["submission_id"]);
+    assert_eq!(by_phone["replayed"], false);
+
+    let by_email = app
+        .post_form_lead(&json!({"email": "TWIN@example.com"}))
+        .await
+        .json();
+    assert_eq!(by_email["duplicate_of"], original["submission_id"]);
+
+    let stranger = app
+        .post_form_lead(&json!({"email": "stranger@example.com"}))
+        .await
+        .json();
+    assert_eq!(stranger["lead_state"], "received");
+    assert_eq!(stranger["duplicate_of"], Value::Null);
+}
+
+async fn an_oversized_body_gets_413_and_a_wrong_key_401(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let huge = json!({"email": "big@example.com", "notes": "x".repeat(5000)});
+    let answer = app.post_form_lead(&huge).await;
+    assert_eq!(answer.status, 413);
+    assert_eq!(answer.json()["error"], "payload_too_large");
+
+    let request = app
+        .client
+        .post(app.url("/v1/leads"))
+        .insert_header(("Content-Type", "application/json"))
+        .insert_header(("X-Api-Key", format!("{PARTNER_KEY}x")));
+    let answer = app.send(request, r#"{"email": "a@b.co"}"#).await;
+    assert_eq!(answer.status, 401);
+    assert_eq!(answer.json()["error"], "unauthorized");
+
+    for path in [
+        "/v1/leads?source=nowhere",
+        "/v1/leads?source=partner",
+        "/v1/leads",
+    ] {
+        let request = app
+            .client
+            .post(app.url(path))
+            .insert_header(("Content-Type", "application/json"));
+        let answer = app.send(request, r#"{"email": "a@b.co"}"#).await;
+        assert_eq!(answer.status, 401, "{path}: {}", answer.text());
+        assert!(answer.json()["message"].as_str().unwrap().len() > 10);
+    }
+    let stored = lead::Entity::find()
+        .count(app.store.connection())
+        .await
+        .unwrap();
+    assert_eq!(stored, 0, "refused requests store nothing");
+}
+
+async fn attribution_and_test_marks_are_kept(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let request = app
+        .client
+        .post(app.url("/v1/leads?source=website"))
+        .insert_header(("Content-Type", "application/x-www-form-urlencoded"))
+        .insert_header(("Referer", "https://ads.example/landing?x=1"))
+        .insert_header(("User-Agent", "FormBrowser/1.0"))
+        .insert_header(("X-Test-Lead", "1"));
+    let body = "email=t%40example.com&utm_source=google&utm_campaign=spring&trustedform_cert_url=https%3A%2F%2Fcert.trustedform.com%2Fabc&consent_text=I+agree";
+    let answer = app.send(request, body).await;
+    let id = answer.json()["submission_id"].as_str().unwrap().to_string();
+    let view = app.admin_get(&format!("/v1/leads/{id}")).await.json();
+    assert_eq!(view["test"], true);
+    let attribution = &view["attribution"];
+    assert_eq!(attribution["utm_source"], "google");
+    assert_eq!(attribution["utm_campaign"], "spring");
+    assert_eq!(
+        attribution["trustedform_cert_url"],
+        "https://cert.trustedform.com/abc"
+    );
+    assert_eq!(attribution["consent_text"], "I agree");
+    assert_eq!(attribution["referrer"], "https://ads.example/landing?x=1");
+    assert_eq!(attribution["user_agent"], "FormBrowser/1.0");
+    assert_eq!(attribution["client_ip"], "127.0.0.1");
+    assert!(attribution["received_at"].is_string());
+    assert_eq!(view["fields"], json!({"email": "t@example.com"}));
+
+    let by_body = app
+        .post_form_lead(&json!({"email": "t2@example.com", "test": true}))
+        .await;
+    let id = by_body.json()["submission_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        app.admin_get(&format!("/v1/leads/{id}")).await.json()["test"],
+        true
+    );
+}
+
+async fn a_browser_form_post_is_redirected_or_shown_a_page(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let browser_post = |body: &'static str| {
+        let request = app
+            .client
+            .post(app.url("/v1/leads?source=website"))
+            .insert_header(("Content-Type", "application/x-www-form-urlencoded"))
+            .insert_header(("Accept", "text/html,application/xhtml+xml"));
+        app.send(request, body)
+    };
+    let accepted = browser_post("email=ann%40example.com&first_name=Ann").await;
+    assert_eq!(accepted.status, 303);
+    assert_eq!(
+        accepted.headers.get("location").unwrap(),
+        "https://example.com/thanks"
+    );
+
+    let invalid = browser_post("email=nope&first_name=%3Cb%3EAnn").await;
+    assert_eq!(invalid.status, 422);
+    let page = invalid.text();
+    assert!(page.contains("Please check your details"), "{page}");
+    assert!(
+        page.contains("value=\"nope\""),
+        "the entered data is kept: {page}"
+    );
+    assert!(
+        page.contains("&lt;b&gt;Ann"),
+        "entered data is escaped: {page}"
+    );
+    assert!(!page.contains("<b>Ann"));
+}
+
+async fn a_source_over_its_rate_limit_gets_429_with_retry_after(backend: Backend) {
+    let app = spawn_app_with(
+        backend,
+        r#"
+        [[sources]]
+        id = "limited"
+        kind = "form"
+        rate_limit = { per_ip = "2/min" }
+        "#,
+    )
+    .await;
+    let post = || {
+        let request = app
+            .client
+            .post(app.url("/v1/leads?source=limited"))
+            .insert_header(("Content-Type", "application/json"));
+        app.send(request, r#"{"email": "r@example.com"}"#)
+    };
+    assert_eq!(post().await.status, 200);
+    assert_eq!(post().await.status, 200);
+    let limited = post().await;
+    assert_eq!(limited.status, 429);
+    assert_eq!(limited.json()["error"], "rate_limited");
+    let retry_after: u64 = limited
+        .headers
+        .get("retry-after")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=30).contains(&retry_after), "{retry_after}");
+}
+
+async fn a_batch_judges_each_lead_on_its_own(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let body = r#"{"leads": [ {"email": "b1@example.com", "lead_id": "b-1"},
+                              {"email": "bad"},
+                              {"email":"b1@example.com","lead_id":"b-1"} ]}"#;
+    let request = app
+        .client
+        .post(app.url("/v1/leads/batch"))
+        .insert_header(("Content-Type", "application/json"))
+        .insert_header(("X-Api-Key", PARTNER_KEY));
+    let answer = app.send(request, body).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let results = answer.json()["results"].as_array().unwrap().clone();
+    assert_eq!(results.len(), 3);
+    assert_eq!(results[0]["lead_state"], "received");
+    assert_eq!(results[1]["lead_state"], "invalid");
+    assert_eq!(results[2]["replayed"], true);
+    assert_eq!(results[2]["submission_id"], results[0]["submission_id"]);
+    let first = app
+        .store
+        .find_lead(results[0]["submission_id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(first.raw).unwrap(),
+        r#"{"email": "b1@example.com", "lead_id": "b-1"}"#,
+        "each lead keeps its own raw bytes"
+    );
+
+    let request = app
+        .client
+        .post(app.url("/v1/leads/batch"))
+        .insert_header(("Content-Type", "application/json"));
+    assert_eq!(
+        app.send(request, body).await.status,
+        401,
+        "batch needs a feed key"
+    );
+}

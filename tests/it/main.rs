@@ -1,0 +1,9 @@
+//! leadrouter's integration tests: one binary, a module per area. Every
+//! scenario that touches the database runs on SQLite and on PostgreSQL
+//! through one parameter (see `on_both_databases!`).
+
+mod helpers;
+
+mod config;
+mod intake;
+mod reads;
