@@ -75,6 +75,11 @@ impl Application {
         self.port
     }
 
+    /// Stops the server from elsewhere (tests, benchmarks, signal handling).
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
+    }
+
     pub fn store(&self) -> &Store {
         &self.store
     }

@@ -17,6 +17,9 @@ use crate::store::{contract_of_row, DuplicateRule, NewLead, PersistOutcome, Stor
 
 /// Most leads written in one transaction.
 const MAX_BATCH: usize = 512;
+/// Senders beyond this wait (back-pressure); the default 16 would park
+/// most HTTP workers under load and starve group commit of leads.
+const MAILBOX_CAPACITY: usize = 4096;
 
 /// Intake settings the actor needs.
 #[derive(Debug, Clone)]
@@ -86,6 +89,10 @@ impl Intake {
 
 impl Actor for Intake {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(MAILBOX_CAPACITY);
+    }
 }
 
 impl Supervised for Intake {

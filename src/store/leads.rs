@@ -1,14 +1,15 @@
 //! Lead rows: the intake log, the group-commit insert with database-enforced
 //! dedupe, same-person matching, and the reads behind the lead endpoints.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use entity::{attempt, intake_log, lead, lead_match_key, sale};
 use sea_orm::sea_query::OnConflict;
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, IntoActiveModel,
-    QueryFilter, QueryOrder, QuerySelect, TransactionTrait, TryInsertResult,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, IntoActiveModel,
+    QueryFilter, QueryOrder, QuerySelect, TransactionTrait,
 };
 use serde_json::{Map, Value};
 
@@ -84,18 +85,85 @@ impl Store {
         Ok(())
     }
 
-    /// Inserts a batch of leads in one transaction (group commit). A key
-    /// already taken is detected by the unique index, never by a prior read.
+    /// Inserts a batch of leads in one transaction (group commit), with a
+    /// fixed number of statements whatever the batch size. A key already
+    /// taken is detected by the unique index (`ON CONFLICT DO NOTHING`),
+    /// never by a prior read.
     pub async fn persist_leads(
         &self,
         leads: &[NewLead],
         rule: &DuplicateRule,
     ) -> Result<Vec<PersistOutcome>, DbErr> {
         let txn = self.db.begin().await?;
-        let mut outcomes = Vec::with_capacity(leads.len());
-        for new in leads {
-            outcomes.push(persist_one(&txn, new, rule).await?);
+        let originals = find_same_person(&txn, leads, rule).await?;
+        let rows: Vec<lead::Model> = leads
+            .iter()
+            .zip(originals)
+            .map(|(new, original)| lead_row(new, original))
+            .collect();
+        let written =
+            lead::Entity::insert_many(rows.iter().cloned().map(IntoActiveModel::into_active_model))
+                .on_conflict(
+                    OnConflict::columns([lead::Column::SourceId, lead::Column::IdempotencyKey])
+                        .do_nothing()
+                        .to_owned(),
+                )
+                .exec_without_returning(&txn)
+                .await?;
+        let inserted: HashSet<String> = if written as usize == rows.len() {
+            rows.iter().map(|row| row.id.clone()).collect()
+        } else {
+            lead::Entity::find()
+                .select_only()
+                .column(lead::Column::Id)
+                .filter(lead::Column::Id.is_in(rows.iter().map(|row| row.id.as_str())))
+                .into_tuple()
+                .all(&txn)
+                .await?
+                .into_iter()
+                .collect()
+        };
+        // A replay's server id was never stored: remember which lead it is.
+        let mut replayed_as: HashMap<&str, lead::Model> = HashMap::new();
+        for row in rows.iter().filter(|row| !inserted.contains(&row.id)) {
+            let existing = lead::Entity::find()
+                .filter(lead::Column::SourceId.eq(row.source_id.as_str()))
+                .filter(lead::Column::IdempotencyKey.eq(row.idempotency_key.clone()))
+                .one(&txn)
+                .await?
+                .ok_or_else(|| DbErr::RecordNotFound("lead behind a conflicting key".into()))?;
+            replayed_as.insert(row.id.as_str(), existing);
         }
+        let mut outcomes = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if let Some(existing) = replayed_as.get(row.id.as_str()) {
+                outcomes.push(PersistOutcome::Existing(existing.clone()));
+                continue;
+            }
+            let mut row = row.clone();
+            let original_was_replay = row
+                .duplicate_of
+                .as_deref()
+                .and_then(|id| replayed_as.get(id));
+            if let Some(original) = original_was_replay {
+                // Matched a lead of this batch that proved to be a replay.
+                row.duplicate_of = Some(original.id.clone());
+                lead::Entity::update_many()
+                    .col_expr(lead::Column::DuplicateOf, original.id.clone().into())
+                    .filter(lead::Column::Id.eq(row.id.as_str()))
+                    .exec(&txn)
+                    .await?;
+            }
+            outcomes.push(PersistOutcome::Inserted(row));
+        }
+        let fresh: Vec<&lead::Model> = outcomes
+            .iter()
+            .filter_map(|outcome| match outcome {
+                PersistOutcome::Inserted(row) => Some(row),
+                PersistOutcome::Existing(_) => None,
+            })
+            .collect();
+        record_match_keys(&txn, &fresh, rule).await?;
         txn.commit().await?;
         Ok(outcomes)
     }
@@ -145,17 +213,8 @@ impl Store {
     }
 }
 
-async fn persist_one(
-    txn: &impl ConnectionTrait,
-    new: &NewLead,
-    rule: &DuplicateRule,
-) -> Result<PersistOutcome, DbErr> {
-    let routable = new.errors.is_empty() && !new.is_test;
-    let duplicate_of = if routable {
-        find_same_person(txn, new, rule).await?
-    } else {
-        None
-    };
+/// The row intake writes for a new lead, given its same-person match.
+fn lead_row(new: &NewLead, duplicate_of: Option<String>) -> lead::Model {
     let state = if !new.errors.is_empty() {
         LeadState::Invalid
     } else if duplicate_of.is_some() {
@@ -163,7 +222,7 @@ async fn persist_one(
     } else {
         LeadState::Received
     };
-    let row = lead::Model {
+    lead::Model {
         id: new.id.clone(),
         source_id: new.source_id.clone(),
         idempotency_key: new.idempotency_key.clone(),
@@ -182,24 +241,12 @@ async fn persist_one(
         lease_until: None,
         received_at: new.received_at,
         updated_at: new.received_at,
-    };
-    let inserted = lead::Entity::insert(row.clone().into_active_model())
-        .on_conflict_do_nothing_on([lead::Column::SourceId, lead::Column::IdempotencyKey])
-        .exec_without_returning(txn)
-        .await?;
-    if let TryInsertResult::Inserted(1..) = inserted {
-        if routable && state == LeadState::Received {
-            record_match_keys(txn, new, rule).await?;
-        }
-        return Ok(PersistOutcome::Inserted(row));
     }
-    let existing = lead::Entity::find()
-        .filter(lead::Column::SourceId.eq(new.source_id.as_str()))
-        .filter(lead::Column::IdempotencyKey.eq(new.idempotency_key.clone()))
-        .one(txn)
-        .await?
-        .ok_or_else(|| DbErr::RecordNotFound("lead behind a conflicting key".into()))?;
-    Ok(PersistOutcome::Existing(existing))
+}
+
+/// Leads that take part in same-person matching (valid, not tests).
+fn is_matchable(new: &NewLead) -> bool {
+    new.errors.is_empty() && !new.is_test
 }
 
 fn match_keys<'a>(
@@ -214,52 +261,100 @@ fn match_keys<'a>(
     })
 }
 
-/// The earliest lead within the window sharing any duplicate key value.
+fn window_start(received_at: DateTime<Utc>, window: Duration) -> DateTime<Utc> {
+    received_at - chrono::Duration::from_std(window).unwrap_or(chrono::Duration::MAX)
+}
+
+/// Same-person originals for a batch, in one query plus the batch itself:
+/// the earliest lead within the window sharing any duplicate-key value.
 async fn find_same_person(
     txn: &impl ConnectionTrait,
-    new: &NewLead,
+    leads: &[NewLead],
     rule: &DuplicateRule,
-) -> Result<Option<String>, DbErr> {
-    let since =
-        new.received_at - chrono::Duration::from_std(rule.window).unwrap_or(chrono::Duration::MAX);
-    let mut earliest: Option<lead_match_key::Model> = None;
-    for (name, value) in match_keys(new, rule) {
-        let found = lead_match_key::Entity::find()
-            .filter(lead_match_key::Column::Name.eq(name))
-            .filter(lead_match_key::Column::Value.eq(value))
-            .filter(lead_match_key::Column::ReceivedAt.gte(since))
-            .order_by_asc(lead_match_key::Column::ReceivedAt)
-            .one(txn)
+) -> Result<Vec<Option<String>>, DbErr> {
+    let mut wanted = Condition::any();
+    let mut any = false;
+    for new in leads.iter().filter(|new| is_matchable(new)) {
+        for (name, value) in match_keys(new, rule) {
+            any = true;
+            wanted = wanted.add(
+                Condition::all()
+                    .add(lead_match_key::Column::Name.eq(name))
+                    .add(lead_match_key::Column::Value.eq(value)),
+            );
+        }
+    }
+    let mut known: HashMap<(String, String), (DateTime<Utc>, String)> = HashMap::new();
+    if any {
+        let oldest = leads
+            .iter()
+            .map(|new| new.received_at)
+            .min()
+            .unwrap_or_else(Utc::now);
+        let rows = lead_match_key::Entity::find()
+            .filter(wanted)
+            .filter(lead_match_key::Column::ReceivedAt.gte(window_start(oldest, rule.window)))
+            .all(txn)
             .await?;
-        if let Some(found) = found {
-            if earliest
-                .as_ref()
-                .is_none_or(|e| found.received_at < e.received_at)
-            {
-                earliest = Some(found);
+        for row in rows {
+            let entry = known
+                .entry((row.name, row.value))
+                .or_insert((row.received_at, row.lead_id.clone()));
+            if row.received_at < entry.0 {
+                *entry = (row.received_at, row.lead_id);
             }
         }
     }
-    Ok(earliest.map(|key| key.lead_id))
+    let mut originals = Vec::with_capacity(leads.len());
+    for new in leads {
+        if !is_matchable(new) {
+            originals.push(None);
+            continue;
+        }
+        let since = window_start(new.received_at, rule.window);
+        let original = match_keys(new, rule)
+            .filter_map(|(name, value)| known.get(&(name.to_string(), value.to_string())))
+            .filter(|(at, _)| *at >= since)
+            .min_by_key(|(at, _)| *at)
+            .map(|(_, id)| id.clone());
+        if original.is_none() {
+            // Later leads of this batch match this one.
+            for (name, value) in match_keys(new, rule) {
+                known
+                    .entry((name.to_string(), value.to_string()))
+                    .or_insert((new.received_at, new.id.clone()));
+            }
+        }
+        originals.push(original);
+    }
+    Ok(originals)
 }
 
 async fn record_match_keys(
     txn: &impl ConnectionTrait,
-    new: &NewLead,
+    rows: &[&lead::Model],
     rule: &DuplicateRule,
 ) -> Result<(), DbErr> {
-    let rows: Vec<_> = match_keys(new, rule)
-        .map(|(name, value)| lead_match_key::ActiveModel {
-            name: Set(name.to_string()),
-            value: Set(value.to_string()),
-            lead_id: Set(new.id.clone()),
-            received_at: Set(new.received_at),
+    let keys: Vec<_> = rows
+        .iter()
+        .filter(|row| row.state == LeadState::Received.as_str() && !row.is_test)
+        .flat_map(|row| {
+            rule.keys.iter().filter_map(move |name| {
+                row.fields.get(name).and_then(Value::as_str).map(|value| {
+                    lead_match_key::ActiveModel {
+                        name: Set(name.clone()),
+                        value: Set(value.to_string()),
+                        lead_id: Set(row.id.clone()),
+                        received_at: Set(row.received_at),
+                    }
+                })
+            })
         })
         .collect();
-    if rows.is_empty() {
+    if keys.is_empty() {
         return Ok(());
     }
-    lead_match_key::Entity::insert_many(rows)
+    lead_match_key::Entity::insert_many(keys)
         .on_conflict(
             OnConflict::columns([
                 lead_match_key::Column::Name,

@@ -36,6 +36,9 @@ impl Store {
             .acquire_timeout(settings.acquire_timeout)
             .connect_timeout(settings.acquire_timeout)
             .sqlx_logging(false)
+            // A dead connection fails its statement and is replaced; a ping
+            // before every use would add a round trip to each batch.
+            .test_before_acquire(false)
             .map_sqlx_sqlite_opts(|options| {
                 options
                     .journal_mode(SqliteJournalMode::Wal)

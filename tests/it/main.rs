@@ -3,6 +3,7 @@
 //! through one parameter (see `on_both_databases!`).
 
 mod helpers;
+mod scratch_db;
 
 mod config;
 mod intake;

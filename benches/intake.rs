@@ -1,0 +1,257 @@
+//! Intake benchmark: real HTTP load at `POST /v1/leads`, next to the raw
+//! single-row insert rate of the same database measured in the same run.
+//!
+//! `cargo bench --bench intake` — both databases. Environment:
+//! `BENCH_DB` (`sqlite`, `postgres` or `both`), `BENCH_SECONDS` (10),
+//! `BENCH_CLIENTS` (64), `BENCH_FIXED_RATE` (1000 leads/s).
+
+#[path = "../tests/it/scratch_db.rs"]
+mod scratch_db;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use actix_web::dev::ServerHandle;
+use actix_web::rt::System;
+use leadrouter::config::{self, DatabaseSettings, Secret};
+use leadrouter::startup::Application;
+use leadrouter::store::Store;
+use scratch_db::{Backend, TestDatabase};
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
+
+const CONFIG: &str = r#"
+[[sources]]
+id = "bench"
+kind = "form"
+required = ["email"]
+"#;
+
+struct Settings {
+    seconds: u64,
+    clients: usize,
+    fixed_rate: u64,
+}
+
+fn main() {
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let bench = Settings {
+        seconds: env("BENCH_SECONDS", 10),
+        clients: env("BENCH_CLIENTS", 64) as usize,
+        fixed_rate: env("BENCH_FIXED_RATE", 1000),
+    };
+    let which = std::env::var("BENCH_DB").unwrap_or_else(|_| "both".into());
+    let backends = match which.as_str() {
+        "sqlite" => vec![Backend::Sqlite],
+        "postgres" => vec![Backend::Postgres],
+        _ => vec![Backend::Sqlite, Backend::Postgres],
+    };
+    for backend in backends {
+        run(backend, &bench);
+    }
+}
+
+fn run(backend: Backend, bench: &Settings) {
+    println!(
+        "== {backend:?}: {} clients, {} s per phase ==",
+        bench.clients, bench.seconds
+    );
+    let raw = System::new().block_on(raw_insert_rate(backend, bench));
+    println!("raw single-row inserts (autocommit, 8 connections): {raw:>8.0} rows/s");
+
+    let database = System::new().block_on(TestDatabase::create(backend));
+    let (port, server_handle, server) = start_server(&database.url);
+    let url = format!("http://127.0.0.1:{port}/v1/leads?source=bench");
+    let closed = System::new().block_on(closed_loop(&url, bench));
+    println!(
+        "intake, closed loop:        {:>8.0} leads/s  p50 {:>6.2} ms  p99 {:>6.2} ms  ({:.2}x the raw insert rate)",
+        closed.rate,
+        closed.p50_ms,
+        closed.p99_ms,
+        closed.rate / raw
+    );
+    let fixed = System::new().block_on(fixed_rate(&url, bench));
+    println!(
+        "intake at {} leads/s:       {:>8.0} leads/s  p50 {:>6.2} ms  p99 {:>6.2} ms",
+        bench.fixed_rate, fixed.rate, fixed.p50_ms, fixed.p99_ms
+    );
+    System::new().block_on(server_handle.stop(true));
+    let _ = server.join();
+    let stored = System::new().block_on(count_leads(&database.url));
+    let acknowledged = closed.acknowledged + fixed.acknowledged;
+    println!("acknowledged {acknowledged} leads, {stored} stored");
+    assert_eq!(
+        stored, acknowledged as u64,
+        "every acknowledged lead is stored"
+    );
+}
+
+fn database_settings(url: &str) -> DatabaseSettings {
+    DatabaseSettings {
+        url: Secret::new(url),
+        ..DatabaseSettings::default()
+    }
+}
+
+/// The baseline: `clients` tasks doing one autocommit INSERT after another.
+async fn raw_insert_rate(backend: Backend, bench: &Settings) -> f64 {
+    let database = TestDatabase::create(backend).await;
+    let store = Store::connect(&database_settings(&database.url))
+        .await
+        .unwrap();
+    let db = store.connection().clone();
+    db.execute_unprepared("CREATE TABLE bench_raw (id TEXT PRIMARY KEY, body TEXT NOT NULL)")
+        .await
+        .unwrap();
+    let sql = match db.get_database_backend() {
+        DbBackend::Postgres => "INSERT INTO bench_raw (id, body) VALUES ($1, $2)",
+        _ => "INSERT INTO bench_raw (id, body) VALUES (?, ?)",
+    };
+    let deadline = Instant::now() + Duration::from_secs(bench.seconds);
+    let tasks = (0..bench.clients).map(|_| {
+        let db = db.clone();
+        actix_web::rt::spawn(async move {
+            let mut rows = 0u64;
+            while Instant::now() < deadline {
+                let statement = Statement::from_sql_and_values(
+                    db.get_database_backend(),
+                    sql,
+                    [leadrouter::domain::new_id().into(), lead_body(rows).into()],
+                );
+                db.execute_raw(statement).await.unwrap();
+                rows += 1;
+            }
+            rows
+        })
+    });
+    let started = Instant::now();
+    let mut total = 0;
+    for task in futures_util::future::join_all(tasks).await {
+        total += task.unwrap();
+    }
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+fn start_server(database_url: &str) -> (u16, ServerHandle, std::thread::JoinHandle<()>) {
+    let mut settings = config::parse(CONFIG, |_| None).unwrap();
+    settings.database = database_settings(database_url);
+    settings.server.listen = "127.0.0.1:0".into();
+    let (ready, port) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || {
+        System::new().block_on(async move {
+            let application = Application::build(settings).await.unwrap();
+            ready
+                .send((application.port(), application.handle()))
+                .unwrap();
+            let _ = application.run_until_stopped().await;
+        })
+    });
+    let (port, handle) = port.recv().unwrap();
+    (port, handle, server)
+}
+
+struct LoadResult {
+    rate: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    acknowledged: usize,
+}
+
+fn client(clients: usize) -> awc::Client {
+    awc::Client::builder()
+        .connector(awc::Connector::new().limit(clients * 2))
+        .timeout(Duration::from_secs(30))
+        .finish()
+}
+
+fn lead_body(n: u64) -> String {
+    let id = leadrouter::domain::new_id();
+    format!(
+        r#"{{"email":"bench-{id}@example.com","phone":"555{:07}","first_name":"Bench","state":"CA","utm_source":"bench","consent_text":"I agree to be contacted."}}"#,
+        n % 10_000_000
+    )
+}
+
+async fn post_lead(client: &awc::Client, url: &str, n: u64) -> Option<Duration> {
+    let started = Instant::now();
+    let response = client
+        .post(url)
+        .insert_header(("Content-Type", "application/json"))
+        .send_body(lead_body(n))
+        .await
+        .ok()?;
+    (response.status().as_u16() == 200).then(|| started.elapsed())
+}
+
+/// `clients` connections sending one lead after another, as fast as answered.
+async fn closed_loop(url: &str, bench: &Settings) -> LoadResult {
+    let client = client(bench.clients);
+    let latencies = Rc::new(RefCell::new(Vec::new()));
+    let deadline = Instant::now() + Duration::from_secs(bench.seconds);
+    let started = Instant::now();
+    let tasks = (0..bench.clients).map(|worker| {
+        let (client, url, latencies) = (client.clone(), url.to_string(), latencies.clone());
+        async move {
+            let mut n = worker as u64 * 1_000_000;
+            while Instant::now() < deadline {
+                if let Some(latency) = post_lead(&client, &url, n).await {
+                    latencies.borrow_mut().push(latency);
+                }
+                n += 1;
+            }
+        }
+    });
+    futures_util::future::join_all(tasks).await;
+    summarize(latencies.take(), started.elapsed())
+}
+
+/// An open loop: one lead every 1/`fixed_rate` s, whatever the answers do.
+async fn fixed_rate(url: &str, bench: &Settings) -> LoadResult {
+    let client = client(bench.clients);
+    let latencies = Rc::new(RefCell::new(Vec::new()));
+    let total = bench.fixed_rate * bench.seconds;
+    let interval = Duration::from_secs_f64(1.0 / bench.fixed_rate as f64);
+    let started = Instant::now();
+    let mut requests = Vec::with_capacity(total as usize);
+    for n in 0..total {
+        let due = started + interval * n as u32;
+        actix_web::rt::time::sleep_until(due.into()).await;
+        let (client, url, latencies) = (client.clone(), url.to_string(), latencies.clone());
+        requests.push(actix_web::rt::spawn(async move {
+            if let Some(latency) = post_lead(&client, &url, 50_000_000 + n).await {
+                latencies.borrow_mut().push(latency);
+            }
+        }));
+    }
+    futures_util::future::join_all(requests).await;
+    summarize(latencies.take(), started.elapsed())
+}
+
+fn summarize(mut latencies: Vec<Duration>, elapsed: Duration) -> LoadResult {
+    latencies.sort();
+    let percentile = |p: f64| {
+        latencies
+            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+            .map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)
+    };
+    LoadResult {
+        rate: latencies.len() as f64 / elapsed.as_secs_f64(),
+        p50_ms: percentile(0.50),
+        p99_ms: percentile(0.99),
+        acknowledged: latencies.len(),
+    }
+}
+
+async fn count_leads(url: &str) -> u64 {
+    use sea_orm::{EntityTrait, PaginatorTrait};
+    let store = Store::connect(&database_settings(url)).await.unwrap();
+    entity::lead::Entity::find()
+        .count(store.connection())
+        .await
+        .unwrap()
+}
