@@ -10,12 +10,14 @@
 //! - [`startup`]: [`startup::Application`] wires the store, actors and server.
 //! - [`domain`]: lead states, the acceptance contract, parsing and normalising.
 //! - [`store`]: every database query (sea-orm), SQLite and PostgreSQL alike.
+//! - [`buyer`]: one call to a buyer: request, verdict, circuit breaker.
 //! - [`actors`]: the supervision tree (intake today; buyers and waterfalls).
 //! - [`routes`]: the HTTP API, one module per resource.
 //! - [`rate_limit`]: token buckets per source and client IP.
 //! - [`telemetry`]: tracing set-up.
 
 pub mod actors;
+pub mod buyer;
 pub mod config;
 pub mod demo;
 pub mod domain;
