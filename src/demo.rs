@@ -1,19 +1,43 @@
 //! `leadrouter demo`: the service on an embedded configuration (SQLite in
-//! `data/demo/`), with a demo form page at `/demo`, so a newcomer sees a lead
-//! go in and can look it up.
+//! `data/demo/`), three simulated buyers on loopback ports, and a demo form
+//! page at `/demo`, so a newcomer sees leads go in and get sold.
 
 use actix_web::{web, HttpResponse};
 
-use crate::config;
 use crate::startup::Application;
+use crate::{config, mock_buyer};
 
 /// The demo's configuration, shipped inside the binary.
 const DEMO_CONFIG: &str = include_str!("../config/demo.toml");
 const DEMO_FORM: &str = include_str!("demo_form.html");
 
+/// The demo buyers: (id, has a ping, accept rate, latency, failure rate).
+const DEMO_BUYERS: [(&str, bool, f64, u64, f64); 3] = [
+    ("premium", true, 0.35, 150, 0.0),
+    ("standard", true, 0.6, 400, 0.05),
+    ("flaky", false, 0.8, 100, 0.5),
+];
+
 pub async fn run() -> anyhow::Result<()> {
-    let settings = config::parse(DEMO_CONFIG, |name| std::env::var(name).ok())
-        .map_err(|problems| anyhow::anyhow!("demo configuration: {problems:?}"))?;
+    let mut buyers_toml = String::new();
+    for (priority, (id, with_ping, accept_rate, latency_ms, fail_rate)) in
+        DEMO_BUYERS.into_iter().enumerate()
+    {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let behaviour = mock_buyer::Behaviour {
+            accept_rate,
+            latency: std::time::Duration::from_millis(latency_ms),
+            fail_rate,
+            hang: false,
+        };
+        actix_web::rt::spawn(mock_buyer::start(listener, behaviour)?);
+        buyers_toml.push_str(&demo_buyer_toml(id, priority, &base, with_ping));
+    }
+    let settings = config::parse(&format!("{DEMO_CONFIG}\n{buyers_toml}"), |name| {
+        std::env::var(name).ok()
+    })
+    .map_err(|problems| anyhow::anyhow!("demo configuration: {problems:?}"))?;
     let token = settings
         .server
         .admin_token
@@ -24,11 +48,26 @@ pub async fn run() -> anyhow::Result<()> {
     let base = format!("http://127.0.0.1:{}", application.port());
     println!("leadrouter demo is running");
     println!("  demo form:    {base}/demo");
+    println!("  buyers:        curl -s -H 'Authorization: Bearer {token}' {base}/v1/buyers");
     println!("  a lead by API: curl -s -X POST '{base}/v1/leads?source=website' -H 'Content-Type: application/json' -d '{{\"email\":\"ann@example.com\",\"phone\":\"555-010-9999\",\"state\":\"CA\"}}'");
     println!("  leads (admin): curl -s -H 'Authorization: Bearer {token}' {base}/v1/leads");
     println!("  review queue:  curl -s -H 'Authorization: Bearer {token}' {base}/v1/review");
     application.run_until_stopped().await?;
     Ok(())
+}
+
+/// A demo buyer shaped like BUYER-CONVENTIONS' Medicare-style ping/post API.
+fn demo_buyer_toml(id: &str, priority: usize, base: &str, with_ping: bool) -> String {
+    let ping = if with_ping {
+        format!(
+            "[buyers.ping]\nurl = \"{base}/ping\"\ntimeout = \"2s\"\naccept = {{ path = \"/response\", equals = \"success\" }}\nbid_path = \"/bid\"\nping_id_path = \"/leadAuctionId\"\n"
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "[[buyers]]\nid = \"{id}\"\npriority = {priority}\nprice = 8.0\ncircuit = {{ failure_threshold = 3, open_for = \"20s\" }}\n{ping}[buyers.post]\nurl = \"{base}/post\"\ntimeout = \"5s\"\naccept = {{ path = \"/response\", equals = \"success\" }}\nprice_path = \"/price\"\n"
+    )
 }
 
 fn demo_routes(config: &mut web::ServiceConfig) {

@@ -7,20 +7,24 @@
 //! # Layout
 //! - [`config`]: settings from `leadrouter.toml`, validation, env overrides.
 //! - [`demo`]: `leadrouter demo`, the embedded demo set-up.
+//! - [`mock_buyer`]: `leadrouter mock-buyer`, a buyer API simulator.
 //! - [`startup`]: [`startup::Application`] wires the store, actors and server.
 //! - [`domain`]: lead states, the acceptance contract, parsing and normalising.
 //! - [`store`]: every database query (sea-orm), SQLite and PostgreSQL alike.
 //! - [`buyer`]: one call to a buyer: request, verdict, circuit breaker.
-//! - [`actors`]: the supervision tree (intake today; buyers and waterfalls).
+//! - [`actors`]: the supervision tree: intake, router, buyers, waterfalls.
+//! - [`alerts`]: alerts to the error log and the database.
 //! - [`routes`]: the HTTP API, one module per resource.
 //! - [`rate_limit`]: token buckets per source and client IP.
 //! - [`telemetry`]: tracing set-up.
 
 pub mod actors;
+pub mod alerts;
 pub mod buyer;
 pub mod config;
 pub mod demo;
 pub mod domain;
+pub mod mock_buyer;
 pub mod rate_limit;
 pub mod routes;
 pub mod startup;

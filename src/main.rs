@@ -27,8 +27,29 @@ enum Command {
     CheckConfig(ConfigArg),
     /// Run pending migrations and exit.
     Migrate(ConfigArg),
-    /// Serve a self-contained demo (SQLite in data/demo, a demo form).
+    /// Serve a self-contained demo (SQLite in data/demo, demo buyers, a demo form).
     Demo,
+    /// Run a buyer API simulator (POST /ping and /post).
+    MockBuyer(MockBuyerArgs),
+}
+
+#[derive(clap::Args)]
+struct MockBuyerArgs {
+    /// Address to listen on, e.g. 127.0.0.1:9001
+    #[arg(long)]
+    listen: String,
+    /// Share of pings and posts accepted (0..1)
+    #[arg(long, default_value_t = 0.5)]
+    accept_rate: f64,
+    /// Time before each answer, e.g. 200ms
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    latency: std::time::Duration,
+    /// Share of calls answered 503 (0..1)
+    #[arg(long, default_value_t = 0.0)]
+    fail_rate: f64,
+    /// Never answer (a buyer that hangs)
+    #[arg(long)]
+    hang: bool,
 }
 
 #[derive(clap::Args)]
@@ -55,6 +76,15 @@ fn main() -> ExitCode {
         Command::Serve(arg) => run(serve(arg.path())),
         Command::Migrate(arg) => run(migrate(arg.path())),
         Command::Demo => run(leadrouter::demo::run()),
+        Command::MockBuyer(args) => {
+            let behaviour = leadrouter::mock_buyer::Behaviour {
+                accept_rate: args.accept_rate,
+                latency: args.latency,
+                fail_rate: args.fail_rate,
+                hang: args.hang,
+            };
+            run(async move { leadrouter::mock_buyer::run(&args.listen, behaviour).await })
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

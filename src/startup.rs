@@ -7,11 +7,11 @@ use std::sync::Arc;
 use actix_web::{dev::Server, web, App, HttpServer};
 use anyhow::Context;
 
-use crate::actors::{IntakeRules, Overseer, Tree};
+use crate::actors::Overseer;
 use crate::config::Settings;
 use crate::rate_limit::RateLimiter;
 use crate::routes::{self, AppState};
-use crate::store::{DuplicateRule, Store};
+use crate::store::Store;
 
 pub struct Application {
     port: u16,
@@ -40,14 +40,9 @@ impl Application {
             .with_context(|| format!("failed to listen on {}", settings.server.listen))?;
         let port = listener.local_addr()?.port();
 
-        let rules = IntakeRules {
-            duplicates: DuplicateRule {
-                window: settings.intake.duplicate_window,
-                keys: settings.intake.duplicate_keys.clone(),
-            },
-            awaiting_required_notify: settings.notify.iter().any(|channel| channel.required),
-        };
-        let (_overseer, tree): (_, Tree) = Overseer::start(store.clone(), rules);
+        let instance_id: Arc<str> = crate::domain::new_id().into();
+        tracing::info!(%instance_id, "starting the actors");
+        let tree = Overseer::start(store.clone(), &settings, instance_id);
         let grace = settings.server.shutdown_grace;
         let state = web::Data::new(AppState {
             settings: Arc::new(settings),

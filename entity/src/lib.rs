@@ -1,6 +1,7 @@
 //! sea-orm entities of leadrouter: one module per table, shared by the
 //! service's store and by the tests that look at rows directly.
 
+pub mod alert;
 pub mod attempt;
 pub mod intake_log;
 pub mod lead;

@@ -4,6 +4,7 @@
 pub use sea_orm_migration::prelude::*;
 
 mod m20261129_000001_create_store;
+mod m20261129_000002_create_alerts;
 
 /// Every migration, oldest first.
 pub struct Migrator;
@@ -11,6 +12,9 @@ pub struct Migrator;
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(m20261129_000001_create_store::Migration)]
+        vec![
+            Box::new(m20261129_000001_create_store::Migration),
+            Box::new(m20261129_000002_create_alerts::Migration),
+        ]
     }
 }

@@ -12,7 +12,8 @@
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use crate::domain::Contract;
+use super::router::RouteLeads;
+use crate::domain::{Contract, LeadState};
 use crate::store::{contract_of_row, DuplicateRule, NewLead, PersistOutcome, Store};
 
 /// Most leads written in one transaction.
@@ -52,16 +53,19 @@ struct Waiting {
 pub struct Intake {
     store: Store,
     rules: IntakeRules,
+    /// Where stored, routable leads go (the router).
+    route_to: Recipient<RouteLeads>,
     buffer: Vec<Waiting>,
     /// A batch is being written; new leads wait for the next one.
     writing: bool,
 }
 
 impl Intake {
-    pub fn new(store: Store, rules: IntakeRules) -> Self {
+    pub fn new(store: Store, rules: IntakeRules, route_to: Recipient<RouteLeads>) -> Self {
         Self {
             store,
             rules,
+            route_to,
             buffer: Vec::new(),
             writing: false,
         }
@@ -76,8 +80,9 @@ impl Intake {
         let batch: Vec<Waiting> = self.buffer.drain(..take).collect();
         let store = self.store.clone();
         let rules = self.rules.clone();
+        let route_to = self.route_to.clone();
         ctx.spawn(
-            write_batch(store, rules, batch)
+            write_batch(store, rules, batch, route_to)
                 .into_actor(self)
                 .map(|(), actor, ctx| {
                     actor.writing = false;
@@ -117,7 +122,12 @@ impl Handler<SubmitLead> for Intake {
     }
 }
 
-async fn write_batch(store: Store, rules: IntakeRules, batch: Vec<Waiting>) {
+async fn write_batch(
+    store: Store,
+    rules: IntakeRules,
+    batch: Vec<Waiting>,
+    route_to: Recipient<RouteLeads>,
+) {
     let leads: Vec<NewLead> = batch.iter().map(|waiting| waiting.lead.clone()).collect();
     if let Err(error) = store.log_arrivals(&leads).await {
         tracing::error!(%error, leads = leads.len(), "intake could not write the intake log");
@@ -129,9 +139,12 @@ async fn write_batch(store: Store, rules: IntakeRules, batch: Vec<Waiting>) {
     }
     match store.persist_leads(&leads, &rules.duplicates).await {
         Ok(outcomes) => {
+            let routable = outcomes.iter().filter_map(routable_id).collect();
             for (waiting, outcome) in batch.into_iter().zip(outcomes) {
                 let _ = waiting.reply.send(Ok(contract_of(&outcome, &rules)));
             }
+            // Losing this message only delays routing to the next sweep.
+            route_to.do_send(RouteLeads { lead_ids: routable });
         }
         Err(error) => {
             tracing::error!(%error, leads = batch.len(), "lead insert failed; trying lead by lead");
@@ -145,6 +158,16 @@ async fn write_batch(store: Store, rules: IntakeRules, batch: Vec<Waiting>) {
                 let _ = waiting.reply.send(answer);
             }
         }
+    }
+}
+
+/// A newly stored lead that waits to be routed.
+fn routable_id(outcome: &PersistOutcome) -> Option<String> {
+    match outcome {
+        PersistOutcome::Inserted(row) if row.state == LeadState::Received.as_str() => {
+            Some(row.id.clone())
+        }
+        _ => None,
     }
 }
 

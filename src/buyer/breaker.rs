@@ -135,6 +135,18 @@ impl Breaker {
         }
     }
 
+    /// Gives back an admission whose call was never made (no result to count).
+    pub fn cancel(&mut self, admission: Admission) {
+        if admission == Admission::Probe {
+            self.probes_in_flight = self.probes_in_flight.saturating_sub(1);
+        }
+    }
+
+    /// Calls that may probe a half-open circuit at once.
+    pub fn half_open_probes(&self) -> u32 {
+        self.settings.half_open_probes
+    }
+
     /// An operator's override (`POST /v1/buyers/{id}/circuit`).
     pub fn force(&mut self, state: CircuitState, now: Instant) -> Option<CircuitState> {
         let before = self.state;

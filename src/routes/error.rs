@@ -17,6 +17,8 @@ pub enum ApiError {
     BadRequest(String),
     #[error("{0} not found")]
     NotFound(String),
+    #[error("{0} is unavailable")]
+    Unavailable(String),
     #[error("the database is unavailable")]
     Database(#[from] sea_orm::DbErr),
 }
@@ -30,6 +32,7 @@ impl ApiError {
             Self::RateLimited { .. } => "rate_limited",
             Self::BadRequest(_) => "bad_request",
             Self::NotFound(_) => "not_found",
+            Self::Unavailable(_) => "unavailable",
             Self::Database(_) => "database_unavailable",
         }
     }
@@ -43,7 +46,7 @@ impl ResponseError for ApiError {
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
-            Self::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 

@@ -2,6 +2,7 @@
 //! every handler shares.
 
 mod auth;
+mod buyers;
 mod error;
 mod form_page;
 mod health;
@@ -41,6 +42,9 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .app_data(web::QueryConfig::default().error_handler(|error, _| {
             ApiError::BadRequest(format!("bad query string: {error}")).into()
         }))
+        .app_data(web::JsonConfig::default().error_handler(|error, _| {
+            ApiError::BadRequest(format!("bad JSON body: {error}")).into()
+        }))
         .route("/healthz", web::get().to(health::healthz))
         .route("/readyz", web::get().to(health::readyz))
         .route("/v1/leads", web::post().to(intake::submit))
@@ -49,6 +53,11 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/leads/{id}", web::get().to(leads::show))
         .route("/v1/leads/{id}/status", web::get().to(leads::status))
         .route("/v1/review", web::get().to(leads::review))
+        .route("/v1/buyers", web::get().to(buyers::list))
+        .route(
+            "/v1/buyers/{id}/circuit",
+            web::post().to(buyers::set_circuit),
+        )
         .default_service(web::to(not_found));
 }
 

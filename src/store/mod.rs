@@ -2,6 +2,7 @@
 //! PostgreSQL through the same sea-orm code), migrating, and the queries.
 
 mod leads;
+mod routing;
 
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
 
 pub use leads::{contract_of_row, DuplicateRule, LeadFilter, LeadPage, NewLead, PersistOutcome};
+pub use routing::{AttemptEnd, NewAttempt, OutcomeCounts};
 
 use crate::config::DatabaseSettings;
 

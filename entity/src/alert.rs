@@ -1,0 +1,21 @@
+//! `alerts`: alerts raised, newest last.
+
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "alerts")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: String,
+    pub kind: String,
+    pub buyer_id: Option<String>,
+    pub lead_id: Option<String>,
+    #[sea_orm(column_type = "Text")]
+    pub message: String,
+    pub created_at: DateTimeUtc,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

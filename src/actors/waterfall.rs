@@ -1,0 +1,293 @@
+//! `Waterfall`: routes one lead. Started by the `Router`; it claims the lead
+//! (lease), walks the eligible buyers by priority (ping, then post) and
+//! stops at the first accepted post, a post timeout, or the end of the
+//! list; then it settles the lead and stops. It holds nothing that is not in
+//! the database: a waterfall that dies leaves a lease that runs out, and
+//! the router's sweep starts the lead again (already-rejected buyers and
+//! already-posted buyers are not offered it twice).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use chrono::{DateTime, Datelike, Timelike, Utc};
+use entity::{attempt, lead};
+use serde_json::Value;
+
+use super::buyer::{Buyer, OfferLead, Offered};
+use crate::alerts::{self, AlertKind};
+use crate::buyer::request::{LeadOffer, PingResult};
+use crate::buyer::{CallKind, CallOutcome, SkipReason};
+use crate::config::BuyerSettings;
+use crate::domain::LeadState;
+use crate::store::{NewAttempt, Store};
+
+/// A configured buyer and its actor.
+#[derive(Clone)]
+pub struct BuyerHandle {
+    pub settings: Arc<BuyerSettings>,
+    pub addr: Addr<Buyer>,
+}
+
+/// Everything a waterfall needs, shared by all of them.
+pub struct RoutingContext {
+    pub store: Store,
+    /// Sorted by priority (ties keep file order).
+    pub buyers: Vec<BuyerHandle>,
+    pub lease: Duration,
+    pub reserve_price: Option<f64>,
+    pub instance_id: Arc<str>,
+}
+
+/// Sent to the router when a waterfall ends.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WaterfallFinished {
+    pub lead_id: String,
+}
+
+pub struct Waterfall {
+    lead_id: String,
+    routing: Arc<RoutingContext>,
+    router: Recipient<WaterfallFinished>,
+}
+
+impl Waterfall {
+    pub fn new(
+        lead_id: String,
+        routing: Arc<RoutingContext>,
+        router: Recipient<WaterfallFinished>,
+    ) -> Self {
+        Self {
+            lead_id,
+            routing,
+            router,
+        }
+    }
+}
+
+impl Actor for Waterfall {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let routing = self.routing.clone();
+        let lead_id = self.lead_id.clone();
+        ctx.spawn(
+            async move {
+                match route(&routing, &lead_id).await {
+                    Ok(Some(state)) => tracing::info!(%lead_id, state = state.as_str(), "lead routed"),
+                    Ok(None) => tracing::debug!(%lead_id, "lead not claimable (another router has it)"),
+                    Err(error) => tracing::error!(%lead_id, %error, "routing stopped; the lease will run out and the lead be routed again"),
+                }
+            }
+            .into_actor(self)
+            .map(|(), _, ctx| ctx.stop()),
+        );
+    }
+
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        // The sweep finds the lead again should this message be lost.
+        self.router.do_send(WaterfallFinished {
+            lead_id: self.lead_id.clone(),
+        });
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum RouteError {
+    #[error("database: {0}")]
+    Database(#[from] sea_orm::DbErr),
+    #[error("buyer actor unavailable: {0}")]
+    Mailbox(#[from] MailboxError),
+    #[error("an attempt could not be recorded, so no call was made")]
+    NotRecorded,
+    #[error("the lease was lost to another instance")]
+    LeaseLost,
+}
+
+/// Routes the lead; `None` when it was not ours to route.
+async fn route(routing: &RoutingContext, lead_id: &str) -> Result<Option<LeadState>, RouteError> {
+    let store = &routing.store;
+    let owner = &*routing.instance_id;
+    if !store.claim_lead(lead_id, owner, routing.lease).await? {
+        return Ok(None);
+    }
+    let Some(row) = store.find_lead(lead_id).await? else {
+        return Ok(None);
+    };
+    let history = store.attempts_of(lead_id).await?;
+    let state = walk(routing, &row, &finished_buyers(&history)).await?;
+    if !store.settle_lead(lead_id, owner, state).await? {
+        return Err(RouteError::LeaseLost);
+    }
+    Ok(Some(state))
+}
+
+/// Buyers this lead is never offered again: they rejected it, or a post
+/// went out to them (accepted, in flight, or its fate unknown).
+fn finished_buyers(history: &[attempt::Model]) -> HashSet<String> {
+    history
+        .iter()
+        .filter(|attempt| {
+            attempt.outcome == "rejected" || (attempt.kind == "post" && attempt.outcome != "error")
+        })
+        .map(|attempt| attempt.buyer_id.clone())
+        .collect()
+}
+
+async fn walk(
+    routing: &RoutingContext,
+    row: &lead::Model,
+    finished: &HashSet<String>,
+) -> Result<LeadState, RouteError> {
+    let store = &routing.store;
+    let offer = Arc::new(LeadOffer {
+        lead_id: row.id.clone(),
+        source: row.source_id.clone(),
+        is_test: row.is_test,
+        fields: row.fields.as_object().cloned().unwrap_or_default(),
+        attribution: row.attribution.as_object().cloned().unwrap_or_default(),
+    });
+    for buyer in routing.buyers.iter().filter(|buyer| buyer.settings.enabled) {
+        let settings = &buyer.settings;
+        if finished.contains(&settings.id) {
+            continue;
+        }
+        let skip = |reason: SkipReason| {
+            let attempt = NewAttempt {
+                lead_id: row.id.clone(),
+                buyer_id: settings.id.clone(),
+                kind: "skip".into(),
+                request: Value::Null,
+                snapshot: settings.snapshot.clone(),
+                retry_of: None,
+                instance_id: routing.instance_id.to_string(),
+            };
+            async move { store.record_skip(attempt, reason.as_str()).await }
+        };
+        if row.is_test && !settings.accept_test_leads {
+            skip(SkipReason::TestLead).await?;
+            continue;
+        }
+        if !filters_pass(settings, &offer) {
+            skip(SkipReason::Filtered).await?;
+            continue;
+        }
+        if is_capped(store, settings, Utc::now()).await? {
+            skip(SkipReason::Capped).await?;
+            continue;
+        }
+        if !store
+            .renew_lease(&row.id, &routing.instance_id, routing.lease)
+            .await?
+        {
+            return Err(RouteError::LeaseLost);
+        }
+        let offer_call = |kind, ping: PingResult| OfferLead {
+            lead: offer.clone(),
+            kind,
+            ping,
+            instance_id: routing.instance_id.clone(),
+        };
+
+        let mut ping = PingResult::default();
+        if settings.ping.is_some() {
+            match buyer
+                .addr
+                .send(offer_call(CallKind::Ping, PingResult::default()))
+                .await?
+            {
+                Offered::Called(report) if report.outcome == CallOutcome::Accepted => {
+                    ping = PingResult {
+                        ping_id: report.ping_id,
+                        bid: report.bid,
+                    };
+                }
+                Offered::NotRecorded => return Err(RouteError::NotRecorded),
+                Offered::Called(_) | Offered::Skipped(_) => continue,
+            }
+            let floor = settings
+                .min_bid
+                .into_iter()
+                .chain(routing.reserve_price)
+                .fold(f64::MIN, f64::max);
+            if ping.bid.is_some_and(|bid| bid < floor) {
+                skip(SkipReason::BelowMinBid).await?;
+                continue;
+            }
+        }
+
+        let bid = ping.bid;
+        match buyer.addr.send(offer_call(CallKind::Post, ping)).await? {
+            Offered::Called(report) => match report.outcome {
+                CallOutcome::Accepted => {
+                    let price = report.price.or(bid).or(settings.price);
+                    if !store
+                        .record_sale(&row.id, &settings.id, &report.attempt_id, price)
+                        .await?
+                    {
+                        tracing::warn!(lead_id = %row.id, buyer_id = %settings.id, "a second accepted post: the lead was already sold, no second sale");
+                    }
+                    return Ok(LeadState::Sold);
+                }
+                CallOutcome::Timeout => {
+                    let message = format!(
+                        "post of lead {} to buyer {} got no answer in time: lead unknown, not re-sent",
+                        row.id, settings.id
+                    );
+                    alerts::raise(
+                        store,
+                        AlertKind::PostTimeout,
+                        Some(&settings.id),
+                        Some(&row.id),
+                        &message,
+                    )
+                    .await;
+                    return Ok(LeadState::Unknown);
+                }
+                CallOutcome::Rejected | CallOutcome::Error => continue,
+            },
+            Offered::NotRecorded => return Err(RouteError::NotRecorded),
+            Offered::Skipped(_) => continue,
+        }
+    }
+    Ok(LeadState::Unsold)
+}
+
+/// `filters = { state = ["CA", "TX"] }`: every named field must hold one of
+/// its values (compared without regard to case).
+fn filters_pass(settings: &BuyerSettings, offer: &LeadOffer) -> bool {
+    settings.filters.iter().all(|(field, allowed)| {
+        offer
+            .fields
+            .get(field)
+            .and_then(Value::as_str)
+            .is_some_and(|value| allowed.iter().any(|ok| ok.eq_ignore_ascii_case(value)))
+    })
+}
+
+/// Whether an hourly, daily or monthly cap (UTC periods) is reached.
+async fn is_capped(
+    store: &Store,
+    settings: &BuyerSettings,
+    now: DateTime<Utc>,
+) -> Result<bool, sea_orm::DbErr> {
+    let hour = now
+        .with_minute(0)
+        .and_then(|t| t.with_second(0))
+        .and_then(|t| t.with_nanosecond(0))
+        .unwrap_or(now);
+    let day = hour.with_hour(0).unwrap_or(hour);
+    let month = day.with_day(1).unwrap_or(day);
+    for (cap, since) in [
+        (settings.hourly_cap, hour),
+        (settings.daily_cap, day),
+        (settings.monthly_cap, month),
+    ] {
+        if cap > 0 && store.sales_since(&settings.id, since).await? >= u64::from(cap) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}

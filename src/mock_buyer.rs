@@ -1,0 +1,103 @@
+//! `leadrouter mock-buyer`: a buyer API simulator for trying leadrouter out
+//! and for benchmarks. It answers like real ping/post buyers do (see
+//! BUYER-CONVENTIONS): HTTP 200 with `{"response": "success", ...}` or
+//! `{"response": "failure", ...}`, 503 on a simulated failure, or nothing at
+//! all when told to hang.
+
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::{dev::Server, web, App, HttpResponse, HttpServer};
+use serde_json::json;
+
+/// How the simulated buyer behaves.
+#[derive(Debug, Clone)]
+pub struct Behaviour {
+    /// Share of pings and posts answered "success" (0..=1).
+    pub accept_rate: f64,
+    pub latency: Duration,
+    /// Share of calls answered 503 (0..=1).
+    pub fail_rate: f64,
+    /// Never answer.
+    pub hang: bool,
+}
+
+/// Starts the simulator on `listener`; the returned server runs until stopped.
+pub fn start(listener: TcpListener, behaviour: Behaviour) -> std::io::Result<Server> {
+    let behaviour = web::Data::new(behaviour);
+    let auction_ids = web::Data::new(Arc::new(AtomicU64::new(100_000)));
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(behaviour.clone())
+            .app_data(auction_ids.clone())
+            .route("/ping", web::post().to(ping))
+            .route("/post", web::post().to(post))
+    })
+    .workers(1)
+    .listen(listener)?
+    .run();
+    Ok(server)
+}
+
+/// Runs the simulator on `listen` until ctrl-c.
+pub async fn run(listen: &str, behaviour: Behaviour) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(listen)?;
+    println!(
+        "mock buyer on http://{}: POST /ping and /post ({behaviour:?})",
+        listener.local_addr()?
+    );
+    start(listener, behaviour)?.await?;
+    Ok(())
+}
+
+/// Answers after the latency; `None` when the call is to fail or hang.
+async fn settle(behaviour: &Behaviour) -> Option<HttpResponse> {
+    if behaviour.hang {
+        std::future::pending::<()>().await;
+    }
+    actix_web::rt::time::sleep(behaviour.latency).await;
+    if fastrand::f64() < behaviour.fail_rate {
+        return Some(
+            HttpResponse::ServiceUnavailable()
+                .json(json!({"response": "error", "details": "Service Unavailable"})),
+        );
+    }
+    None
+}
+
+async fn ping(
+    behaviour: web::Data<Behaviour>,
+    auction_ids: web::Data<Arc<AtomicU64>>,
+) -> HttpResponse {
+    if let Some(failure) = settle(&behaviour).await {
+        return failure;
+    }
+    if fastrand::f64() < behaviour.accept_rate {
+        let bid = 5.0 + (fastrand::f64() * 40.0).round();
+        HttpResponse::Ok().json(json!({
+            "response": "success",
+            "leadAuctionId": auction_ids.fetch_add(1, Ordering::Relaxed),
+            "bid": bid,
+            "details": "Thank You"
+        }))
+    } else {
+        HttpResponse::Ok().json(json!({"response": "failure", "details": "Quota Reached"}))
+    }
+}
+
+async fn post(behaviour: web::Data<Behaviour>, body: web::Bytes) -> HttpResponse {
+    if let Some(failure) = settle(&behaviour).await {
+        return failure;
+    }
+    let bid = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|lead| lead["bid"].as_f64())
+        .unwrap_or(10.0);
+    if fastrand::f64() < behaviour.accept_rate {
+        HttpResponse::Ok().json(json!({"response": "success", "price": bid}))
+    } else {
+        HttpResponse::Ok().json(json!({"response": "failure", "reason": "Duplicate"}))
+    }
+}

@@ -1,0 +1,85 @@
+//! `GET /v1/buyers` (each buyer's circuit, load and recent outcomes) and
+//! `POST /v1/buyers/{id}/circuit` (an operator opens or closes a circuit).
+
+use actix_web::{web, HttpResponse};
+use chrono::{DateTime, Timelike, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{Admin, ApiError, AppState};
+use crate::actors::buyer::ForceCircuit;
+use crate::buyer::board::BuyerStatus;
+use crate::buyer::breaker::CircuitState;
+use crate::store::OutcomeCounts;
+
+/// "Recent" outcome counts cover this much time.
+const RECENT: chrono::Duration = chrono::Duration::hours(24);
+
+#[derive(Debug, Serialize)]
+pub struct BuyerView {
+    #[serde(flatten)]
+    status: BuyerStatus,
+    sold_today: u64,
+    counts: OutcomeCounts,
+}
+
+pub async fn list(_: Admin, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(buyer_views(&state).await?))
+}
+
+/// Every configured buyer as `/v1/buyers` and `/v1/status` show it.
+pub async fn buyer_views(state: &AppState) -> Result<Vec<BuyerView>, ApiError> {
+    let now = Utc::now();
+    let mut sold = state.store.sales_by_buyer(start_of_day(now)).await?;
+    let mut counts = state.store.outcome_counts(now - RECENT).await?;
+    Ok(state
+        .settings
+        .buyers
+        .iter()
+        .filter_map(|buyer| state.tree.board.get(&buyer.id))
+        .map(|status| BuyerView {
+            sold_today: sold.remove(&status.id).unwrap_or_default(),
+            counts: counts.remove(&status.id).unwrap_or_default(),
+            status,
+        })
+        .collect())
+}
+
+fn start_of_day(now: DateTime<Utc>) -> DateTime<Utc> {
+    now.with_hour(0)
+        .and_then(|t| t.with_minute(0))
+        .and_then(|t| t.with_second(0))
+        .and_then(|t| t.with_nanosecond(0))
+        .unwrap_or(now)
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CircuitRequest {
+    state: String,
+}
+
+pub async fn set_circuit(
+    _: Admin,
+    path: web::Path<String>,
+    body: web::Json<CircuitRequest>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let wanted = match body.state.as_str() {
+        "open" => CircuitState::Open,
+        "closed" => CircuitState::Closed,
+        other => {
+            return Err(ApiError::BadRequest(format!(
+                "state must be \"open\" or \"closed\", not {other:?}"
+            )))
+        }
+    };
+    let buyer = state
+        .tree
+        .buyers
+        .get(path.as_str())
+        .ok_or_else(|| ApiError::NotFound(format!("buyer {:?}", path.as_str())))?;
+    let status = buyer
+        .send(ForceCircuit { state: wanted })
+        .await
+        .map_err(|error| ApiError::Unavailable(format!("buyer actor: {error}")))?;
+    Ok(HttpResponse::Ok().json(status))
+}

@@ -1,0 +1,392 @@
+//! Routing's rows: claiming a lead under a lease, attempts written before
+//! each call and completed after it, the one sale per lead, alerts, and the
+//! counts the buyers endpoint shows.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use entity::{alert, attempt, lead, sale};
+use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, Condition, DbErr, EntityTrait, PaginatorTrait, QueryFilter,
+    QueryOrder, QuerySelect,
+};
+use serde_json::Value;
+
+use super::Store;
+use crate::domain::{new_id, LeadState};
+
+/// An attempt about to be made (a call), or a skip.
+#[derive(Debug, Clone)]
+pub struct NewAttempt {
+    pub lead_id: String,
+    pub buyer_id: String,
+    pub kind: String,
+    pub request: Value,
+    pub snapshot: Value,
+    pub retry_of: Option<String>,
+    pub instance_id: String,
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone)]
+pub struct AttemptEnd {
+    pub outcome: String,
+    pub reason: Option<String>,
+    pub http_status: Option<u16>,
+    pub duration: Duration,
+    pub response_body: Option<String>,
+    pub bid: Option<f64>,
+    pub ping_id: Option<String>,
+}
+
+/// Outcome counts of one buyer's attempts.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct OutcomeCounts {
+    pub accepted: u64,
+    pub rejected: u64,
+    pub error: u64,
+    pub timeout: u64,
+    pub skipped: u64,
+}
+
+fn lease_end(lease: Duration) -> DateTime<Utc> {
+    Utc::now() + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX)
+}
+
+impl Store {
+    /// Takes the lead for routing if it is waiting, or its lease expired.
+    /// One conditional UPDATE: atomic on SQLite and PostgreSQL alike.
+    pub async fn claim_lead(
+        &self,
+        lead_id: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, DbErr> {
+        let now = Utc::now();
+        let claimable = Condition::any()
+            .add(lead::Column::State.eq(LeadState::Received.as_str()))
+            .add(
+                Condition::all()
+                    .add(lead::Column::State.eq(LeadState::Routing.as_str()))
+                    .add(lead::Column::LeaseUntil.lt(now)),
+            );
+        let result = lead::Entity::update_many()
+            .col_expr(
+                lead::Column::State,
+                Expr::value(LeadState::Routing.as_str()),
+            )
+            .col_expr(lead::Column::LeaseOwner, Expr::value(owner))
+            .col_expr(lead::Column::LeaseUntil, Expr::value(lease_end(lease)))
+            .col_expr(lead::Column::UpdatedAt, Expr::value(now))
+            .filter(lead::Column::Id.eq(lead_id))
+            .filter(claimable)
+            .exec(&self.db)
+            .await?;
+        Ok(result.rows_affected == 1)
+    }
+
+    /// Extends our lease; false when another instance took the lead over.
+    pub async fn renew_lease(
+        &self,
+        lead_id: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, DbErr> {
+        let result = lead::Entity::update_many()
+            .col_expr(lead::Column::LeaseUntil, Expr::value(lease_end(lease)))
+            .filter(lead::Column::Id.eq(lead_id))
+            .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
+            .filter(lead::Column::LeaseOwner.eq(owner))
+            .exec(&self.db)
+            .await?;
+        Ok(result.rows_affected == 1)
+    }
+
+    /// Puts a lead we hold into its final state and releases the lease.
+    pub async fn settle_lead(
+        &self,
+        lead_id: &str,
+        owner: &str,
+        state: LeadState,
+    ) -> Result<bool, DbErr> {
+        let result = lead::Entity::update_many()
+            .col_expr(lead::Column::State, Expr::value(state.as_str()))
+            .col_expr(
+                lead::Column::LeaseOwner,
+                Expr::value(Option::<String>::None),
+            )
+            .col_expr(
+                lead::Column::LeaseUntil,
+                Expr::value(Option::<DateTime<Utc>>::None),
+            )
+            .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
+            .filter(lead::Column::Id.eq(lead_id))
+            .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
+            .filter(lead::Column::LeaseOwner.eq(owner))
+            .exec(&self.db)
+            .await?;
+        Ok(result.rows_affected == 1)
+    }
+
+    /// Leads waiting to be routed (or whose lease ran out), oldest first.
+    pub async fn routable_leads(&self, limit: u64) -> Result<Vec<String>, DbErr> {
+        let waiting = Condition::any()
+            .add(lead::Column::State.eq(LeadState::Received.as_str()))
+            .add(
+                Condition::all()
+                    .add(lead::Column::State.eq(LeadState::Routing.as_str()))
+                    .add(lead::Column::LeaseUntil.lt(Utc::now())),
+            );
+        lead::Entity::find()
+            .select_only()
+            .column(lead::Column::Id)
+            .filter(waiting)
+            .order_by_asc(lead::Column::ReceivedAt)
+            .limit(limit)
+            .into_tuple()
+            .all(&self.db)
+            .await
+    }
+
+    /// Puts back to `received` the unsold leads (arrived after `since`) that
+    /// this buyer skipped for its circuit or load, or failed with an error.
+    /// Returns how many were requeued.
+    pub async fn requeue_unsold_for(
+        &self,
+        buyer_id: &str,
+        since: DateTime<Utc>,
+        limit: u64,
+    ) -> Result<u64, DbErr> {
+        let retryable = Condition::any()
+            .add(attempt::Column::Outcome.eq("error"))
+            .add(
+                Condition::all()
+                    .add(attempt::Column::Outcome.eq("skipped"))
+                    .add(attempt::Column::Reason.is_in(["circuit_open", "busy"])),
+            );
+        let candidates: Vec<String> = attempt::Entity::find()
+            .select_only()
+            .column(attempt::Column::LeadId)
+            .distinct()
+            .filter(attempt::Column::BuyerId.eq(buyer_id))
+            .filter(retryable)
+            .filter(attempt::Column::StartedAt.gte(since))
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        let mut requeued = 0;
+        for chunk in candidates.chunks(500) {
+            if requeued >= limit {
+                break;
+            }
+            let ids: Vec<String> = lead::Entity::find()
+                .select_only()
+                .column(lead::Column::Id)
+                .filter(lead::Column::Id.is_in(chunk.iter().map(String::as_str)))
+                .filter(lead::Column::State.eq(LeadState::Unsold.as_str()))
+                .filter(lead::Column::ReceivedAt.gte(since))
+                .order_by_asc(lead::Column::ReceivedAt)
+                .limit(limit - requeued)
+                .into_tuple()
+                .all(&self.db)
+                .await?;
+            let result = lead::Entity::update_many()
+                .col_expr(
+                    lead::Column::State,
+                    Expr::value(LeadState::Received.as_str()),
+                )
+                .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
+                .filter(lead::Column::Id.is_in(ids.iter().map(String::as_str)))
+                .filter(lead::Column::State.eq(LeadState::Unsold.as_str()))
+                .exec(&self.db)
+                .await?;
+            requeued += result.rows_affected;
+        }
+        Ok(requeued)
+    }
+
+    /// Writes an attempt row as `in_flight`, before the call is made.
+    pub async fn begin_attempt(&self, new: NewAttempt) -> Result<String, DbErr> {
+        let id = new_id();
+        attempt::Entity::insert(attempt::ActiveModel {
+            id: Set(id.clone()),
+            lead_id: Set(new.lead_id),
+            buyer_id: Set(new.buyer_id),
+            kind: Set(new.kind),
+            outcome: Set("in_flight".into()),
+            reason: Set(None),
+            http_status: Set(None),
+            started_at: Set(Utc::now()),
+            duration_ms: Set(None),
+            retry_of: Set(new.retry_of),
+            request: Set(new.request),
+            response_body: Set(None),
+            snapshot: Set(new.snapshot),
+            bid: Set(None),
+            ping_id: Set(None),
+            instance_id: Set(Some(new.instance_id)),
+        })
+        .exec_without_returning(&self.db)
+        .await?;
+        Ok(id)
+    }
+
+    /// Completes an attempt row with what happened.
+    pub async fn finish_attempt(&self, attempt_id: &str, end: AttemptEnd) -> Result<(), DbErr> {
+        attempt::Entity::update_many()
+            .col_expr(attempt::Column::Outcome, Expr::value(end.outcome))
+            .col_expr(attempt::Column::Reason, Expr::value(end.reason))
+            .col_expr(
+                attempt::Column::HttpStatus,
+                Expr::value(end.http_status.map(i32::from)),
+            )
+            .col_expr(
+                attempt::Column::DurationMs,
+                Expr::value(end.duration.as_millis() as i64),
+            )
+            .col_expr(
+                attempt::Column::ResponseBody,
+                Expr::value(end.response_body),
+            )
+            .col_expr(attempt::Column::Bid, Expr::value(end.bid))
+            .col_expr(attempt::Column::PingId, Expr::value(end.ping_id))
+            .filter(attempt::Column::Id.eq(attempt_id))
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    /// A skip: an attempt row of kind `skip` with no call behind it.
+    pub async fn record_skip(&self, new: NewAttempt, reason: &str) -> Result<(), DbErr> {
+        let id = self
+            .begin_attempt(NewAttempt {
+                kind: "skip".into(),
+                ..new
+            })
+            .await?;
+        self.finish_attempt(
+            &id,
+            AttemptEnd {
+                outcome: "skipped".into(),
+                reason: Some(reason.into()),
+                http_status: None,
+                duration: Duration::ZERO,
+                response_body: None,
+                bid: None,
+                ping_id: None,
+            },
+        )
+        .await
+    }
+
+    /// Records the sale; false when the lead was already sold (the unique
+    /// index on `sales.lead_id` makes a second sale impossible).
+    pub async fn record_sale(
+        &self,
+        lead_id: &str,
+        buyer_id: &str,
+        attempt_id: &str,
+        price: Option<f64>,
+    ) -> Result<bool, DbErr> {
+        let inserted = sale::Entity::insert(sale::ActiveModel {
+            id: Set(new_id()),
+            lead_id: Set(lead_id.into()),
+            buyer_id: Set(buyer_id.into()),
+            attempt_id: Set(Some(attempt_id.into())),
+            price: Set(price),
+            sold_at: Set(Utc::now()),
+        })
+        .on_conflict(
+            OnConflict::column(sale::Column::LeadId)
+                .do_nothing()
+                .to_owned(),
+        )
+        .exec_without_returning(&self.db)
+        .await?;
+        Ok(inserted == 1)
+    }
+
+    /// Sales to a buyer since `since` (for caps).
+    pub async fn sales_since(&self, buyer_id: &str, since: DateTime<Utc>) -> Result<u64, DbErr> {
+        sale::Entity::find()
+            .filter(sale::Column::BuyerId.eq(buyer_id))
+            .filter(sale::Column::SoldAt.gte(since))
+            .count(&self.db)
+            .await
+    }
+
+    /// Sales per buyer since `since`.
+    pub async fn sales_by_buyer(
+        &self,
+        since: DateTime<Utc>,
+    ) -> Result<HashMap<String, u64>, DbErr> {
+        let rows: Vec<(String, i64)> = sale::Entity::find()
+            .select_only()
+            .column(sale::Column::BuyerId)
+            .column_as(sale::Column::Id.count(), "sales")
+            .filter(sale::Column::SoldAt.gte(since))
+            .group_by(sale::Column::BuyerId)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(buyer, count)| (buyer, count as u64))
+            .collect())
+    }
+
+    /// Attempt outcomes per buyer since `since`.
+    pub async fn outcome_counts(
+        &self,
+        since: DateTime<Utc>,
+    ) -> Result<HashMap<String, OutcomeCounts>, DbErr> {
+        let rows: Vec<(String, String, i64)> = attempt::Entity::find()
+            .select_only()
+            .column(attempt::Column::BuyerId)
+            .column(attempt::Column::Outcome)
+            .column_as(attempt::Column::Id.count(), "attempts")
+            .filter(attempt::Column::StartedAt.gte(since))
+            .group_by(attempt::Column::BuyerId)
+            .group_by(attempt::Column::Outcome)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        let mut counts: HashMap<String, OutcomeCounts> = HashMap::new();
+        for (buyer, outcome, count) in rows {
+            let entry = counts.entry(buyer).or_default();
+            let count = count as u64;
+            match outcome.as_str() {
+                "accepted" => entry.accepted += count,
+                "rejected" => entry.rejected += count,
+                "error" => entry.error += count,
+                "timeout" => entry.timeout += count,
+                "skipped" => entry.skipped += count,
+                _ => {}
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Keeps an alert.
+    pub async fn record_alert(
+        &self,
+        kind: &str,
+        buyer_id: Option<&str>,
+        lead_id: Option<&str>,
+        message: &str,
+    ) -> Result<(), DbErr> {
+        alert::Entity::insert(alert::ActiveModel {
+            id: Set(new_id()),
+            kind: Set(kind.into()),
+            buyer_id: Set(buyer_id.map(str::to_string)),
+            lead_id: Set(lead_id.map(str::to_string)),
+            message: Set(message.into()),
+            created_at: Set(Utc::now()),
+        })
+        .exec_without_returning(&self.db)
+        .await?;
+        Ok(())
+    }
+}
