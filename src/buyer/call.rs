@@ -57,6 +57,11 @@ pub async fn exchange(
         }
     };
     let status = response.status().as_u16();
+    let declared_length = response
+        .headers()
+        .get(awc::http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<usize>().ok());
     let remaining = timeout.saturating_sub(started.elapsed());
     let body =
         match actix_web::rt::time::timeout(remaining, response.body().limit(MAX_RESPONSE_BYTES))
@@ -73,16 +78,28 @@ pub async fn exchange(
                 )
             }
         };
+    if declared_length.is_some_and(|length| length > body.len()) {
+        return broken_answer(
+            kind,
+            status,
+            "the connection closed before the whole answer arrived".into(),
+            &ended,
+        );
+    }
     let kept = Some(truncate(&body));
     match check.judge(status, &body) {
         Verdict::Accepted => ended(CallOutcome::Accepted, Some(status), kept, None),
         Verdict::Rejected => ended(CallOutcome::Rejected, Some(status), kept, None),
+        // A post answered 2xx that cannot be read may have been taken.
+        Verdict::Error(detail) if kind == CallKind::Post && (200..300).contains(&status) => {
+            ended(CallOutcome::Timeout, Some(status), kept, Some(detail))
+        }
         Verdict::Error(detail) => ended(CallOutcome::Error, Some(status), kept, Some(detail)),
     }
 }
 
-/// The status line arrived but the body broke off: a ping is simply an
-/// error, a post may have been taken (unknown).
+/// The status line arrived but the body broke off (or could not be read):
+/// a ping is simply an error, a post may have been taken (unknown).
 fn broken_answer(
     kind: CallKind,
     status: u16,

@@ -94,8 +94,10 @@ impl Store {
         leads: &[NewLead],
         rule: &DuplicateRule,
     ) -> Result<Vec<PersistOutcome>, DbErr> {
+        // Read before the transaction: on SQLite a transaction that reads
+        // first cannot wait for the write lock (it fails with SQLITE_BUSY).
+        let originals = find_same_person(&self.db, leads, rule).await?;
         let txn = self.db.begin().await?;
-        let originals = find_same_person(&txn, leads, rule).await?;
         let rows: Vec<lead::Model> = leads
             .iter()
             .zip(originals)
@@ -267,6 +269,8 @@ fn window_start(received_at: DateTime<Utc>, window: Duration) -> DateTime<Utc> {
 
 /// Same-person originals for a batch, in one query plus the batch itself:
 /// the earliest lead within the window sharing any duplicate-key value.
+/// Only one batch is written at a time per instance, so reading outside
+/// the write transaction misses nothing of our own.
 async fn find_same_person(
     txn: &impl ConnectionTrait,
     leads: &[NewLead],

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use std::future::Future;
+
 use leadrouter::config::{self, Settings};
 use leadrouter::startup::Application;
 use leadrouter::store::Store;
@@ -15,6 +17,9 @@ pub const PARTNER_KEY: &str = "partner-key-0123456789";
 
 /// The configuration every test starts from; tests adjust it with `spawn_app_with`.
 pub const BASE_CONFIG: &str = r#"
+[routing]
+sweep_interval = "200ms"
+
 [server]
 admin_token = "test-admin-token"
 max_body_bytes = 4096
@@ -66,6 +71,7 @@ pub async fn spawn_app(backend: Backend) -> TestApp {
 
 /// Starts the app on `BASE_CONFIG` plus `extra` TOML (appended).
 pub async fn spawn_app_with(backend: Backend, extra: &str) -> TestApp {
+    leadrouter::telemetry::init();
     let database = TestDatabase::create(backend).await;
     let mut settings = test_settings(extra);
     settings.database.url = config::Secret::new(database.url.clone());
@@ -85,8 +91,12 @@ pub async fn spawn_app_with(backend: Backend, extra: &str) -> TestApp {
     }
 }
 
+/// Secrets test configurations may reference as `${NAME}`.
+pub const BUYER_TOKEN: &str = "s3cret-buyer-token";
+
 pub fn test_settings(extra: &str) -> Settings {
-    config::parse(&format!("{BASE_CONFIG}\n{extra}"), |_| None).expect("test config is valid")
+    let env = |name: &str| (name == "TEST_BUYER_TOKEN").then(|| BUYER_TOKEN.to_string());
+    config::parse(&format!("{BASE_CONFIG}\n{extra}"), env).expect("test config is valid")
 }
 
 /// An HTTP answer read whole: status, headers and body.
@@ -156,5 +166,44 @@ impl TestApp {
             .get(self.url(path))
             .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")));
         self.send(request, Vec::new()).await
+    }
+}
+
+impl TestApp {
+    /// The lead as the admin API shows it.
+    pub async fn lead(&self, id: &str) -> Value {
+        let answer = self.admin_get(&format!("/v1/leads/{id}")).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        answer.json()
+    }
+
+    /// Waits until the lead reaches `state`, and returns its view.
+    pub async fn wait_for_state(&self, id: &str, state: &str) -> Value {
+        let deadline = Duration::from_secs(20);
+        wait_until(&format!("lead {id} to be {state}"), deadline, || async {
+            self.lead(id).await["lead_state"] == state
+        })
+        .await;
+        self.lead(id).await
+    }
+
+    /// Posts a JSON lead to the `website` form; returns its id.
+    pub async fn submit(&self, body: Value) -> String {
+        let answer = self.post_form_lead(&body).await;
+        assert!(answer.status < 300, "{}", answer.text());
+        answer.json()["submission_id"].as_str().unwrap().to_string()
+    }
+}
+
+/// Polls `condition` until it holds, or panics with `what` after `deadline`.
+pub async fn wait_until<F, Fut>(what: &str, deadline: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !condition().await {
+        assert!(started.elapsed() < deadline, "timed out waiting for {what}");
+        actix_web::rt::time::sleep(Duration::from_millis(25)).await;
     }
 }

@@ -44,7 +44,12 @@ async fn a_valid_lead_is_stored_and_accepted_at_once(backend: Backend) {
         .expect("the lead row exists once the sender is answered");
     assert_eq!(row.fields["email"], "ann@example.com");
     assert_eq!(row.fields["phone"], "5550109999");
-    assert_eq!(row.state, "received");
+    // Routing starts at once; with no buyers configured the lead ends unsold.
+    assert!(
+        ["received", "routing", "unsold"].contains(&row.state.as_str()),
+        "{}",
+        row.state
+    );
 }
 
 async fn the_intake_log_row_exists_even_when_the_lead_insert_fails(backend: Backend) {
@@ -204,7 +209,7 @@ fn assert_replay(first: &Value, again: &crate::helpers::Answer) {
     let again = again.json();
     assert_eq!(again["replayed"], true);
     assert_eq!(again["submission_id"], first["submission_id"]);
-    assert_eq!(again["lead_state"], first["lead_state"]);
+    assert_eq!(again["server_recorded"], true);
 }
 
 async fn invalid_and_unparsable_bodies_are_stored_and_listed_in_review(backend: Backend) {

@@ -2,9 +2,11 @@
 //! scenario that touches the database runs on SQLite and on PostgreSQL
 //! through one parameter (see `on_both_databases!`).
 
+mod buyers;
 mod helpers;
 mod scratch_db;
 
 mod config;
 mod intake;
 mod reads;
+mod routing;

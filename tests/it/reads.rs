@@ -60,7 +60,11 @@ async fn the_public_status_is_the_contract_without_personal_data(backend: Backen
         )
         .await;
     assert_eq!(status.status, 200);
-    assert_eq!(status.json(), contract);
+    let mut public = status.json();
+    assert!(public["lead_state"].is_string());
+    // The lead may have moved on (routing starts at once); the rest is the same.
+    public["lead_state"] = contract["lead_state"].clone();
+    assert_eq!(public, contract);
     let text = status.text();
     for personal in ["private", "5550100000", "Priv"] {
         assert!(!text.contains(personal), "{personal} leaked: {text}");
@@ -88,14 +92,14 @@ async fn leads_are_listed_with_filters_and_a_cursor(backend: Backend) {
         app.post_feed_lead(&json!({"email": "broken"})).await.json()["submission_id"].clone();
 
     let mut seen = Vec::new();
-    let mut path = "/v1/leads?state=received&limit=2".to_string();
+    let mut path = "/v1/leads?source=website&limit=2".to_string();
     loop {
         let page = app.admin_get(&path).await.json();
         let leads = page["leads"].as_array().unwrap();
         assert!(leads.len() <= 2);
         seen.extend(leads.iter().map(|lead| lead["id"].clone()));
         match page["next_cursor"].as_str() {
-            Some(cursor) => path = format!("/v1/leads?state=received&limit=2&cursor={cursor}"),
+            Some(cursor) => path = format!("/v1/leads?source=website&limit=2&cursor={cursor}"),
             None => break,
         }
     }
@@ -110,6 +114,8 @@ async fn leads_are_listed_with_filters_and_a_cursor(backend: Backend) {
         .map(|lead| &lead["id"])
         .collect();
     assert_eq!(listed, [&invalid]);
+    let invalid_only = app.admin_get("/v1/leads?state=invalid").await.json();
+    assert_eq!(invalid_only["leads"].as_array().unwrap().len(), 1);
     let bad_state = app.admin_get("/v1/leads?state=lost").await;
     assert_eq!(bad_state.status, 400);
     assert_eq!(bad_state.json()["error"], "bad_request");

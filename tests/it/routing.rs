@@ -1,0 +1,568 @@
+//! Selling: the routing table of SPEC section 7, row by row, with real
+//! buyer servers on loopback ports.
+
+use std::time::{Duration, Instant};
+
+use entity::{alert, sale};
+use futures_util::future::join_all;
+use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
+use serde_json::{json, Value};
+
+use crate::buyers::{accept, refusing_url, Answer, BrokenBuyer, BuyerConfig, TestBuyer};
+use crate::helpers::{spawn_app_with, wait_until, Backend, TestApp, BUYER_TOKEN};
+use crate::on_both_databases;
+
+on_both_databases!(
+    a_lead_is_pinged_then_posted_and_sold_once,
+    the_waterfall_moves_past_rejections_errors_and_ping_timeouts,
+    a_post_slower_than_the_ping_limit_still_sells,
+    a_hanging_post_leaves_the_lead_unknown_and_is_never_resent,
+    a_connection_closed_mid_answer_leaves_the_lead_unknown,
+    two_buyers_that_both_accept_make_one_sale,
+    the_breaker_opens_skips_half_opens_closes_and_the_skipped_leads_are_sold,
+    a_busy_buyer_is_skipped_after_its_queue_timeout,
+    filters_caps_and_test_leads_are_skipped_with_a_reason,
+    intake_answers_at_once_while_every_buyer_hangs,
+    an_operator_opens_and_closes_a_circuit,
+    templates_reach_buyers_escaped_for_their_content_type,
+);
+
+fn attempts_of(view: &Value) -> Vec<(String, String, String)> {
+    view["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["buyer_id"].as_str().unwrap().to_string(),
+                a["kind"].as_str().unwrap().to_string(),
+                a["outcome"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn row(buyer: &str, kind: &str, outcome: &str) -> (String, String, String) {
+    (buyer.into(), kind.into(), outcome.into())
+}
+
+async fn sales_of(app: &TestApp, lead_id: &str) -> u64 {
+    sale::Entity::find()
+        .filter(sale::Column::LeadId.eq(lead_id))
+        .count(app.store.connection())
+        .await
+        .unwrap()
+}
+
+async fn a_lead_is_pinged_then_posted_and_sold_once(backend: Backend) {
+    let buyer = TestBuyer::start(accept(), accept());
+    let config = BuyerConfig {
+        extra: "headers = { Authorization = \"Bearer ${TEST_BUYER_TOKEN}\" }",
+        ..BuyerConfig::new("acme", 10)
+    };
+    let app = spawn_app_with(backend, &config.toml(&buyer.base)).await;
+    let id = app
+        .submit(
+            json!({"email": "ann@example.com", "phone": "5550101234", "state": "CA",
+                       "trustedform_cert_url": "https://cert.trustedform.com/x"}),
+        )
+        .await;
+
+    let view = app.wait_for_state(&id, "sold").await;
+    assert_eq!(view["sold_to"], "acme");
+    assert_eq!(view["price"], 15.0);
+    assert_eq!(sales_of(&app, &id).await, 1);
+    assert_eq!(
+        attempts_of(&view),
+        [
+            row("acme", "ping", "accepted"),
+            row("acme", "post", "accepted")
+        ]
+    );
+
+    let (ping, post) = (&buyer.calls("ping")[0], &buyer.calls("post")[0]);
+    assert_eq!(ping.idempotency_key, format!("{id}:acme:ping"));
+    assert_eq!(post.idempotency_key, format!("{id}:acme:post"));
+    assert_eq!(post.authorization, format!("Bearer {BUYER_TOKEN}"));
+    let ping_body: Value = serde_json::from_str(&ping.body).unwrap();
+    assert_eq!(
+        ping_body["fields"],
+        json!({"state": "CA"}),
+        "no personal data in pings"
+    );
+    assert_eq!(
+        ping_body["attribution"]["trustedform_cert_url"],
+        "https://cert.trustedform.com/x"
+    );
+    let post_body: Value = serde_json::from_str(&post.body).unwrap();
+    assert_eq!(post_body["fields"]["email"], "ann@example.com");
+    assert_eq!(post_body["ping_id"], "4242");
+    assert_eq!(post_body["bid"], 12.5);
+    assert_eq!(post_body["lead_id"], id.as_str());
+
+    let stored = &view["attempts"][1];
+    assert_eq!(
+        stored["request"]["headers"]["Authorization"],
+        "Bearer ${TEST_BUYER_TOKEN}"
+    );
+    assert_eq!(
+        stored["snapshot"]["headers"]["Authorization"],
+        "Bearer ${TEST_BUYER_TOKEN}"
+    );
+    assert_eq!(stored["http_status"], 200);
+    assert!(stored["response_body"]
+        .as_str()
+        .unwrap()
+        .contains("success"));
+    assert!(
+        !view.to_string().contains(BUYER_TOKEN),
+        "the secret never shows"
+    );
+}
+
+async fn the_waterfall_moves_past_rejections_errors_and_ping_timeouts(backend: Backend) {
+    let rejecting = TestBuyer::start(Answer::Reject, accept());
+    let failing = TestBuyer::start(Answer::Status(503), accept());
+    let throttling = TestBuyer::start(Answer::Status(429), accept());
+    let garbled = TestBuyer::start(Answer::NotJson, accept());
+    let slow = TestBuyer::start(Answer::Hang, accept());
+    let post_rejecting = TestBuyer::start(accept(), Answer::Reject);
+    let post_failing = TestBuyer::start(accept(), Answer::Status(500));
+    let post_throttling = TestBuyer::start(accept(), Answer::Status(429));
+    let taker = TestBuyer::start(accept(), accept());
+    let refused = refusing_url();
+    let mut config = String::new();
+    for (id, priority, base) in [
+        ("rejecting", 1, &rejecting.base),
+        ("failing", 2, &failing.base),
+        ("throttling", 3, &throttling.base),
+        ("garbled", 4, &garbled.base),
+        ("post_rejecting", 7, &post_rejecting.base),
+        ("post_failing", 8, &post_failing.base),
+        ("post_throttling", 9, &post_throttling.base),
+        ("taker", 11, &taker.base),
+    ] {
+        config += &BuyerConfig::new(id, priority).toml(base);
+    }
+    config += &BuyerConfig {
+        ping_timeout: Some("300ms"),
+        ..BuyerConfig::new("slow", 5)
+    }
+    .toml(&slow.base);
+    config += &BuyerConfig::new("refused_ping", 6).toml(&refused);
+    config += &BuyerConfig {
+        ping_timeout: None,
+        ..BuyerConfig::new("refused_post", 10)
+    }
+    .toml(&refused);
+    let app = spawn_app_with(backend, &config).await;
+
+    let id = app.submit(json!({"email": "wf@example.com"})).await;
+    let view = app.wait_for_state(&id, "sold").await;
+    assert_eq!(view["sold_to"], "taker");
+    assert_eq!(
+        attempts_of(&view),
+        [
+            row("rejecting", "ping", "rejected"),
+            row("failing", "ping", "error"),
+            row("throttling", "ping", "error"),
+            row("garbled", "ping", "error"),
+            row("slow", "ping", "timeout"),
+            row("refused_ping", "ping", "error"),
+            row("post_rejecting", "ping", "accepted"),
+            row("post_rejecting", "post", "rejected"),
+            row("post_failing", "ping", "accepted"),
+            row("post_failing", "post", "error"),
+            row("post_throttling", "ping", "accepted"),
+            row("post_throttling", "post", "error"),
+            row("refused_post", "post", "error"),
+            row("taker", "ping", "accepted"),
+            row("taker", "post", "accepted"),
+        ]
+    );
+    for buyer in [&rejecting, &failing, &throttling, &garbled, &slow] {
+        assert!(
+            buyer.calls("post").is_empty(),
+            "no post without an accepted ping"
+        );
+    }
+}
+
+async fn a_post_slower_than_the_ping_limit_still_sells(backend: Backend) {
+    let buyer = TestBuyer::start(
+        accept(),
+        Answer::Accept {
+            delay: Duration::from_millis(2500),
+        },
+    );
+    let config = BuyerConfig {
+        ping_timeout: Some("1s"),
+        post_timeout: "5s",
+        ..BuyerConfig::new("patient", 1)
+    };
+    let app = spawn_app_with(backend, &config.toml(&buyer.base)).await;
+    let id = app.submit(json!({"email": "slowpost@example.com"})).await;
+    let view = app.wait_for_state(&id, "sold").await;
+    assert_eq!(
+        attempts_of(&view),
+        [
+            row("patient", "ping", "accepted"),
+            row("patient", "post", "accepted")
+        ]
+    );
+    assert!(view["attempts"][1]["duration_ms"].as_i64().unwrap() >= 2500);
+}
+
+async fn a_hanging_post_leaves_the_lead_unknown_and_is_never_resent(backend: Backend) {
+    let hanging = TestBuyer::start(accept(), Answer::Hang);
+    let next = TestBuyer::start(accept(), accept());
+    let config = BuyerConfig {
+        post_timeout: "1s",
+        ..BuyerConfig::new("hanging", 1)
+    }
+    .toml(&hanging.base)
+        + &BuyerConfig::new("next", 2).toml(&next.base);
+    let app = spawn_app_with(backend, &config).await;
+    let id = app.submit(json!({"email": "hang@example.com"})).await;
+
+    let view = app.wait_for_state(&id, "unknown").await;
+    assert_eq!(
+        attempts_of(&view),
+        [
+            row("hanging", "ping", "accepted"),
+            row("hanging", "post", "timeout")
+        ]
+    );
+    // Several sweep intervals (200 ms) pass: nothing is re-sent.
+    actix_web::rt::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(hanging.calls("post").len(), 1);
+    assert!(next.calls("ping").is_empty() && next.calls("post").is_empty());
+    assert_eq!(app.lead(&id).await["lead_state"], "unknown");
+    assert_eq!(sales_of(&app, &id).await, 0);
+    let alerts = alert::Entity::find()
+        .filter(alert::Column::Kind.eq("post_timeout"))
+        .filter(alert::Column::LeadId.eq(id.as_str()))
+        .count(app.store.connection())
+        .await
+        .unwrap();
+    assert_eq!(alerts, 1);
+    let review = app.admin_get("/v1/review").await.json();
+    assert!(review["leads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|lead| lead["id"] == id.as_str()));
+}
+
+async fn a_connection_closed_mid_answer_leaves_the_lead_unknown(backend: Backend) {
+    let broken = BrokenBuyer::start();
+    let next = TestBuyer::start(accept(), accept());
+    let config = BuyerConfig {
+        ping_timeout: None,
+        ..BuyerConfig::new("broken", 1)
+    }
+    .toml(&broken.base)
+        + &BuyerConfig::new("next", 2).toml(&next.base);
+    let app = spawn_app_with(backend, &config).await;
+    let id = app.submit(json!({"email": "cut@example.com"})).await;
+    let view = app.wait_for_state(&id, "unknown").await;
+    assert_eq!(attempts_of(&view), [row("broken", "post", "timeout")]);
+    actix_web::rt::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(broken.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(next.calls("post").is_empty());
+}
+
+async fn two_buyers_that_both_accept_make_one_sale(backend: Backend) {
+    let first = TestBuyer::start(accept(), accept());
+    let second = TestBuyer::start(accept(), accept());
+    let config = BuyerConfig::new("first", 1).toml(&first.base)
+        + &BuyerConfig::new("second", 2).toml(&second.base);
+    let app = spawn_app_with(backend, &config).await;
+    let ids =
+        join_all((0..5).map(|n| app.submit(json!({"email": format!("both{n}@example.com")}))))
+            .await;
+    for id in &ids {
+        let view = app.wait_for_state(id, "sold").await;
+        assert_eq!(view["sold_to"], "first");
+        assert_eq!(sales_of(&app, id).await, 1);
+    }
+    assert!(second.calls("ping").is_empty());
+    // The unique index refuses a second sale whatever asks for it.
+    let again = app
+        .store
+        .record_sale(&ids[0], "second", "attempt-x", Some(1.0))
+        .await
+        .unwrap();
+    assert!(!again);
+    assert_eq!(sales_of(&app, &ids[0]).await, 1);
+}
+
+async fn buyer_status(app: &TestApp, id: &str) -> Value {
+    let buyers = app.admin_get("/v1/buyers").await.json();
+    buyers
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|buyer| buyer["id"] == id)
+        .cloned()
+        .unwrap()
+}
+
+async fn the_breaker_opens_skips_half_opens_closes_and_the_skipped_leads_are_sold(
+    backend: Backend,
+) {
+    let buyer = TestBuyer::start(accept(), Answer::Status(503));
+    let config = BuyerConfig {
+        ping_timeout: None,
+        extra: "circuit = { failure_threshold = 2, open_for = \"1s\", max_open_for = \"4s\" }",
+        ..BuyerConfig::new("fragile", 1)
+    };
+    let app = spawn_app_with(backend, &config.toml(&buyer.base)).await;
+
+    let first = app.submit(json!({"email": "b1@example.com"})).await;
+    app.wait_for_state(&first, "unsold").await;
+    let second = app.submit(json!({"email": "b2@example.com"})).await;
+    app.wait_for_state(&second, "unsold").await;
+    let status = buyer_status(&app, "fragile").await;
+    assert_eq!(status["circuit"], "open");
+    assert_eq!(status["consecutive_failures"], 2);
+
+    let third = app.submit(json!({"email": "b3@example.com"})).await;
+    let view = app.wait_for_state(&third, "unsold").await;
+    assert_eq!(view["attempts"][0]["kind"], "skip");
+    assert_eq!(view["attempts"][0]["reason"], "circuit_open");
+    assert_eq!(
+        buyer.calls("post").len(),
+        2,
+        "an open circuit is not called"
+    );
+
+    buyer.set_post(accept());
+    for id in [&first, &second, &third] {
+        app.wait_for_state(id, "sold").await;
+    }
+    assert_eq!(buyer.calls("post").len(), 5);
+    let status = buyer_status(&app, "fragile").await;
+    assert_eq!(status["circuit"], "closed");
+    assert_eq!(status["sold_today"], 3);
+    let kinds: Vec<String> = alert::Entity::find()
+        .all(app.store.connection())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|alert| alert.kind)
+        .collect();
+    assert!(
+        kinds.contains(&"circuit_opened".to_string())
+            && kinds.contains(&"circuit_closed".to_string()),
+        "{kinds:?}"
+    );
+}
+
+async fn a_busy_buyer_is_skipped_after_its_queue_timeout(backend: Backend) {
+    let narrow = TestBuyer::start(
+        accept(),
+        Answer::Accept {
+            delay: Duration::from_millis(1500),
+        },
+    );
+    let wide = TestBuyer::start(accept(), accept());
+    let config = BuyerConfig {
+        ping_timeout: None,
+        extra: "max_concurrency = 1\nqueue_timeout = \"200ms\"",
+        ..BuyerConfig::new("narrow", 1)
+    }
+    .toml(&narrow.base)
+        + &BuyerConfig::new("wide", 2).toml(&wide.base);
+    let app = spawn_app_with(backend, &config).await;
+    let ids =
+        join_all((0..2).map(|n| app.submit(json!({"email": format!("busy{n}@example.com")}))))
+            .await;
+    let mut buyers = Vec::new();
+    for id in &ids {
+        let view = app.wait_for_state(id, "sold").await;
+        buyers.push(view["sold_to"].as_str().unwrap().to_string());
+        if view["sold_to"] == "wide" {
+            assert_eq!(view["attempts"][0]["reason"], "busy");
+        }
+    }
+    buyers.sort();
+    assert_eq!(buyers, ["narrow", "wide"]);
+}
+
+async fn filters_caps_and_test_leads_are_skipped_with_a_reason(backend: Backend) {
+    let picky = TestBuyer::start(accept(), accept());
+    let anyone = TestBuyer::start(accept(), accept());
+    let config = BuyerConfig {
+        extra: "filters = { state = [\"CA\"] }\ndaily_cap = 1",
+        ..BuyerConfig::new("picky", 1)
+    }
+    .toml(&picky.base)
+        + &BuyerConfig::new("anyone", 2).toml(&anyone.base);
+    let app = spawn_app_with(backend, &config).await;
+
+    let texan = app
+        .submit(json!({"email": "tx@example.com", "state": "TX"}))
+        .await;
+    let view = app.wait_for_state(&texan, "sold").await;
+    assert_eq!(view["sold_to"], "anyone");
+    assert_eq!(view["attempts"][0]["reason"], "filtered");
+
+    let californian = app
+        .submit(json!({"email": "ca1@example.com", "state": "ca"}))
+        .await;
+    assert_eq!(
+        app.wait_for_state(&californian, "sold").await["sold_to"],
+        "picky"
+    );
+    let over_cap = app
+        .submit(json!({"email": "ca2@example.com", "state": "CA"}))
+        .await;
+    let view = app.wait_for_state(&over_cap, "sold").await;
+    assert_eq!(view["sold_to"], "anyone");
+    assert_eq!(view["attempts"][0]["reason"], "capped");
+
+    let test_lead = app
+        .submit(json!({"email": "t@example.com", "state": "CA", "test": true}))
+        .await;
+    let view = app.wait_for_state(&test_lead, "unsold").await;
+    let reasons: Vec<&Value> = view["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| &a["reason"])
+        .collect();
+    assert_eq!(reasons, [&json!("test_lead"), &json!("test_lead")]);
+    assert_eq!(
+        picky.calls("ping").len(),
+        1,
+        "only the californian reached picky"
+    );
+}
+
+async fn intake_answers_at_once_while_every_buyer_hangs(backend: Backend) {
+    let stuck = TestBuyer::start(Answer::Hang, Answer::Hang);
+    let also_stuck = TestBuyer::start(accept(), Answer::Hang);
+    let config = BuyerConfig {
+        ping_timeout: Some("10s"),
+        post_timeout: "25s",
+        ..BuyerConfig::new("stuck", 1)
+    }
+    .toml(&stuck.base)
+        + &BuyerConfig {
+            ping_timeout: None,
+            post_timeout: "25s",
+            ..BuyerConfig::new("also_stuck", 2)
+        }
+        .toml(&also_stuck.base);
+    let app = spawn_app_with(backend, &config).await;
+    // Far below the buyer timeouts (10 s, 25 s): intake must not wait for them.
+    let deadline = Duration::from_secs(2);
+    for n in 0..30 {
+        let started = Instant::now();
+        let answer = app
+            .post_form_lead(&json!({"email": format!("h{n}@example.com")}))
+            .await;
+        assert_eq!(answer.status, 200);
+        assert!(
+            started.elapsed() < deadline,
+            "intake waited {:?}",
+            started.elapsed()
+        );
+    }
+    wait_until("buyers to be called", Duration::from_secs(10), || async {
+        !stuck.calls("ping").is_empty()
+    })
+    .await;
+}
+
+async fn an_operator_opens_and_closes_a_circuit(backend: Backend) {
+    let buyer = TestBuyer::start(accept(), accept());
+    let app = spawn_app_with(backend, &BuyerConfig::new("acme", 1).toml(&buyer.base)).await;
+    let set = |state: &'static str| {
+        let request = app
+            .client
+            .post(app.url("/v1/buyers/acme/circuit"))
+            .insert_header(("Authorization", "Bearer test-admin-token"))
+            .insert_header(("Content-Type", "application/json"));
+        app.send(request, format!(r#"{{"state": "{state}"}}"#))
+    };
+    let opened = set("open").await;
+    assert_eq!(opened.status, 200, "{}", opened.text());
+    assert_eq!(opened.json()["circuit"], "open");
+
+    let id = app.submit(json!({"email": "manual@example.com"})).await;
+    let view = app.wait_for_state(&id, "unsold").await;
+    assert_eq!(view["attempts"][0]["reason"], "circuit_open");
+    assert!(buyer.calls("ping").is_empty());
+
+    assert_eq!(set("closed").await.json()["circuit"], "closed");
+    assert_eq!(app.wait_for_state(&id, "sold").await["sold_to"], "acme");
+
+    let unknown = app
+        .send(
+            app.client
+                .post(app.url("/v1/buyers/nobody/circuit"))
+                .insert_header(("Authorization", "Bearer test-admin-token"))
+                .insert_header(("Content-Type", "application/json")),
+            r#"{"state": "open"}"#,
+        )
+        .await;
+    assert_eq!(unknown.status, 404);
+    assert_eq!(set("sideways").await.status, 400);
+    let anonymous = app
+        .send(app.client.get(app.url("/v1/buyers")), Vec::new())
+        .await;
+    assert_eq!(anonymous.status, 401);
+}
+
+async fn templates_reach_buyers_escaped_for_their_content_type(backend: Backend) {
+    let form_buyer = TestBuyer::start(accept(), Answer::Body("status=declined"));
+    let xml_buyer = TestBuyer::start(
+        accept(),
+        Answer::Body("<response><status>Matched</status><price>9</price></response>"),
+    );
+    let config = format!(
+        r#"
+[[buyers]]
+id = "formish"
+priority = 1
+[buyers.post]
+url = "{form}/post"
+content_type = "application/x-www-form-urlencoded"
+body_template = "email={{{{fields.email}}}}&note={{{{fields.note}}}}&id={{{{lead_id}}}}"
+accept = {{ body_contains = "status=ok" }}
+
+[[buyers]]
+id = "xmlish"
+priority = 2
+price = 9.0
+[buyers.post]
+url = "{xml}/post"
+content_type = "application/xml"
+body_template = "<lead><note>{{{{fields.note}}}}</note><consent>{{{{attribution.consent_text}}}}</consent></lead>"
+accept = {{ body_regex = "<status>Matched</status>" }}
+"#,
+        form = form_buyer.base,
+        xml = xml_buyer.base
+    );
+    let app = spawn_app_with(backend, &config).await;
+    let id = app
+        .submit(json!({"email": "x@example.com", "note": "a&b <c> \"d\"", "consent_text": "Yes & agreed"}))
+        .await;
+    let view = app.wait_for_state(&id, "sold").await;
+    assert_eq!(view["sold_to"], "xmlish");
+    assert_eq!(view["price"], 9.0);
+    let form_call = &form_buyer.calls("post")[0];
+    assert_eq!(form_call.content_type, "application/x-www-form-urlencoded");
+    assert_eq!(
+        form_call.body,
+        format!("email=x%40example.com&note=a%26b+%3Cc%3E+%22d%22&id={id}")
+    );
+    let xml_call = &xml_buyer.calls("post")[0];
+    assert_eq!(xml_call.content_type, "application/xml");
+    assert_eq!(
+        xml_call.body,
+        "<lead><note>a&amp;b &lt;c&gt; &quot;d&quot;</note><consent>Yes &amp; agreed</consent></lead>"
+    );
+}
