@@ -7,9 +7,8 @@
 
 #[path = "../tests/it/scratch_db.rs"]
 mod scratch_db;
+mod support;
 
-use std::cell::RefCell;
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use actix_web::dev::ServerHandle;
@@ -19,6 +18,7 @@ use leadrouter::startup::Application;
 use leadrouter::store::Store;
 use scratch_db::{Backend, TestDatabase};
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
+use support::{closed_loop, fixed_rate, lead_body};
 
 const CONFIG: &str = r#"
 [[sources]]
@@ -67,7 +67,7 @@ fn run(backend: Backend, bench: &Settings) {
     let database = System::new().block_on(TestDatabase::create(backend));
     let (port, server_handle, server) = start_server(&database.url);
     let url = format!("http://127.0.0.1:{port}/v1/leads?source=bench");
-    let closed = System::new().block_on(closed_loop(&url, bench));
+    let closed = System::new().block_on(closed_loop(&url, bench.clients, bench.seconds));
     println!(
         "intake, closed loop:        {:>8.0} leads/s  p50 {:>6.2} ms  p99 {:>6.2} ms  ({:.2}x the raw insert rate)",
         closed.rate,
@@ -75,7 +75,12 @@ fn run(backend: Backend, bench: &Settings) {
         closed.p99_ms,
         closed.rate / raw
     );
-    let fixed = System::new().block_on(fixed_rate(&url, bench));
+    let fixed = System::new().block_on(fixed_rate(
+        &url,
+        bench.clients,
+        bench.fixed_rate,
+        bench.seconds,
+    ));
     println!(
         "intake at {} leads/s:       {:>8.0} leads/s  p50 {:>6.2} ms  p99 {:>6.2} ms",
         bench.fixed_rate, fixed.rate, fixed.p50_ms, fixed.p99_ms
@@ -153,98 +158,6 @@ fn start_server(database_url: &str) -> (u16, ServerHandle, std::thread::JoinHand
     });
     let (port, handle) = port.recv().unwrap();
     (port, handle, server)
-}
-
-struct LoadResult {
-    rate: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    acknowledged: usize,
-}
-
-fn client(clients: usize) -> awc::Client {
-    awc::Client::builder()
-        .connector(awc::Connector::new().limit(clients * 2))
-        .timeout(Duration::from_secs(30))
-        .finish()
-}
-
-fn lead_body(n: u64) -> String {
-    let id = leadrouter::domain::new_id();
-    format!(
-        r#"{{"email":"bench-{id}@example.com","phone":"555{:07}","first_name":"Bench","state":"CA","utm_source":"bench","consent_text":"I agree to be contacted."}}"#,
-        n % 10_000_000
-    )
-}
-
-async fn post_lead(client: &awc::Client, url: &str, n: u64) -> Option<Duration> {
-    let started = Instant::now();
-    let response = client
-        .post(url)
-        .insert_header(("Content-Type", "application/json"))
-        .send_body(lead_body(n))
-        .await
-        .ok()?;
-    (response.status().as_u16() == 200).then(|| started.elapsed())
-}
-
-/// `clients` connections sending one lead after another, as fast as answered.
-async fn closed_loop(url: &str, bench: &Settings) -> LoadResult {
-    let client = client(bench.clients);
-    let latencies = Rc::new(RefCell::new(Vec::new()));
-    let deadline = Instant::now() + Duration::from_secs(bench.seconds);
-    let started = Instant::now();
-    let tasks = (0..bench.clients).map(|worker| {
-        let (client, url, latencies) = (client.clone(), url.to_string(), latencies.clone());
-        async move {
-            let mut n = worker as u64 * 1_000_000;
-            while Instant::now() < deadline {
-                if let Some(latency) = post_lead(&client, &url, n).await {
-                    latencies.borrow_mut().push(latency);
-                }
-                n += 1;
-            }
-        }
-    });
-    futures_util::future::join_all(tasks).await;
-    summarize(latencies.take(), started.elapsed())
-}
-
-/// An open loop: one lead every 1/`fixed_rate` s, whatever the answers do.
-async fn fixed_rate(url: &str, bench: &Settings) -> LoadResult {
-    let client = client(bench.clients);
-    let latencies = Rc::new(RefCell::new(Vec::new()));
-    let total = bench.fixed_rate * bench.seconds;
-    let interval = Duration::from_secs_f64(1.0 / bench.fixed_rate as f64);
-    let started = Instant::now();
-    let mut requests = Vec::with_capacity(total as usize);
-    for n in 0..total {
-        let due = started + interval * n as u32;
-        actix_web::rt::time::sleep_until(due.into()).await;
-        let (client, url, latencies) = (client.clone(), url.to_string(), latencies.clone());
-        requests.push(actix_web::rt::spawn(async move {
-            if let Some(latency) = post_lead(&client, &url, 50_000_000 + n).await {
-                latencies.borrow_mut().push(latency);
-            }
-        }));
-    }
-    futures_util::future::join_all(requests).await;
-    summarize(latencies.take(), started.elapsed())
-}
-
-fn summarize(mut latencies: Vec<Duration>, elapsed: Duration) -> LoadResult {
-    latencies.sort();
-    let percentile = |p: f64| {
-        latencies
-            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
-            .map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)
-    };
-    LoadResult {
-        rate: latencies.len() as f64 / elapsed.as_secs_f64(),
-        p50_ms: percentile(0.50),
-        p99_ms: percentile(0.99),
-        acknowledged: latencies.len(),
-    }
 }
 
 async fn count_leads(url: &str) -> u64 {
