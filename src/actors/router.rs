@@ -58,16 +58,48 @@ impl Router {
         }
     }
 
-    fn start_waterfall(&mut self, lead_id: String, ctx: &mut Context<Self>) {
-        if self.active.contains(&lead_id) {
-            return;
-        }
-        if self.active.len() >= MAX_ACTIVE_WATERFALLS {
+    /// Claims the leads that fit (one UPDATE for all), then starts a
+    /// waterfall for each lead claimed; the rest wait as rows.
+    fn claim_and_start(&mut self, lead_ids: Vec<String>, ctx: &mut Context<Self>) {
+        let room = MAX_ACTIVE_WATERFALLS.saturating_sub(self.active.len());
+        let fresh: Vec<String> = lead_ids
+            .into_iter()
+            .filter(|id| !self.active.contains(id))
+            .collect();
+        if fresh.len() > room {
             self.backlog = true;
+        }
+        let wanted: Vec<String> = fresh.into_iter().take(room).collect();
+        if wanted.is_empty() {
             return;
         }
-        self.active.insert(lead_id.clone());
-        Waterfall::new(lead_id, self.routing.clone(), ctx.address().recipient()).start();
+        self.active.extend(wanted.iter().cloned());
+        let routing = self.routing.clone();
+        ctx.spawn(
+            async move {
+                let claimed = routing
+                    .store
+                    .claim_leads(&wanted, &routing.instance_id, routing.lease)
+                    .await;
+                (wanted, claimed)
+            }
+            .into_actor(self)
+            .map(|(wanted, claimed), router, ctx| {
+                let claimed = claimed.unwrap_or_else(|error| {
+                    tracing::error!(%error, "could not claim leads; the sweep will try again");
+                    Vec::new()
+                });
+                for lead_id in &wanted {
+                    if !claimed.contains(lead_id) {
+                        router.active.remove(lead_id);
+                    }
+                }
+                for lead_id in claimed {
+                    Waterfall::new(lead_id, router.routing.clone(), ctx.address().recipient())
+                        .start();
+                }
+            }),
+        );
     }
 
     /// Looks in the database for leads waiting to be routed.
@@ -92,11 +124,8 @@ impl Router {
                     router.sweeping = false;
                     match found {
                         Ok(ids) => {
-                            let full_page = ids.len() as u64 == limit;
-                            for id in ids {
-                                router.start_waterfall(id, ctx);
-                            }
-                            router.backlog |= full_page;
+                            router.backlog |= ids.len() as u64 == limit;
+                            router.claim_and_start(ids, ctx);
                         }
                         Err(error) => tracing::error!(%error, "sweep could not read waiting leads"),
                     }
@@ -134,9 +163,7 @@ impl Handler<RouteLeads> for Router {
 
     /// Starts a waterfall per lead while there is room; the rest wait as rows.
     fn handle(&mut self, message: RouteLeads, ctx: &mut Context<Self>) {
-        for lead_id in message.lead_ids {
-            self.start_waterfall(lead_id, ctx);
-        }
+        self.claim_and_start(message.lead_ids, ctx);
     }
 }
 

@@ -1,5 +1,5 @@
-//! `Waterfall`: routes one lead. Started by the `Router`; it claims the lead
-//! (lease), walks the eligible buyers by priority (ping, then post) and
+//! `Waterfall`: routes one lead. Started by the `Router` for a lead it has
+//! claimed (lease); it walks the eligible buyers by priority (ping, then post) and
 //! stops at the first accepted post, a post timeout, or the end of the
 //! list; then it settles the lead and stops. It holds nothing that is not in
 //! the database: a waterfall that dies leaves a lease that runs out, and
@@ -77,7 +77,7 @@ impl Actor for Waterfall {
             async move {
                 match route(&routing, &lead_id).await {
                     Ok(Some(state)) => tracing::info!(%lead_id, state = state.as_str(), "lead routed"),
-                    Ok(None) => tracing::debug!(%lead_id, "lead not claimable (another router has it)"),
+                    Ok(None) => tracing::warn!(%lead_id, "claimed lead not found"),
                     Err(error) => tracing::error!(%lead_id, %error, "routing stopped; the lease will run out and the lead be routed again"),
                 }
             }
@@ -106,13 +106,10 @@ enum RouteError {
     LeaseLost,
 }
 
-/// Routes the lead; `None` when it was not ours to route.
+/// Routes a lead the router claimed for us; `None` when it vanished.
 async fn route(routing: &RoutingContext, lead_id: &str) -> Result<Option<LeadState>, RouteError> {
     let store = &routing.store;
     let owner = &*routing.instance_id;
-    if !store.claim_lead(lead_id, owner, routing.lease).await? {
-        return Ok(None);
-    }
     let Some(row) = store.find_lead(lead_id).await? else {
         return Ok(None);
     };

@@ -56,15 +56,21 @@ fn lease_end(lease: Duration) -> DateTime<Utc> {
 }
 
 impl Store {
-    /// Takes the lead for routing if it is waiting, or its lease expired.
-    /// One conditional UPDATE: atomic on SQLite and PostgreSQL alike.
-    pub async fn claim_lead(
+    /// Takes these leads for routing where they wait (or their lease ran
+    /// out), in one conditional UPDATE: atomic on SQLite and PostgreSQL
+    /// alike, so two instances never hold the same lead. Returns the ids now
+    /// held by `owner`.
+    pub async fn claim_leads(
         &self,
-        lead_id: &str,
+        lead_ids: &[String],
         owner: &str,
         lease: Duration,
-    ) -> Result<bool, DbErr> {
+    ) -> Result<Vec<String>, DbErr> {
+        if lead_ids.is_empty() {
+            return Ok(Vec::new());
+        }
         let now = Utc::now();
+        let until = lease_end(lease);
         let claimable = Condition::any()
             .add(lead::Column::State.eq(LeadState::Received.as_str()))
             .add(
@@ -72,19 +78,29 @@ impl Store {
                     .add(lead::Column::State.eq(LeadState::Routing.as_str()))
                     .add(lead::Column::LeaseUntil.lt(now)),
             );
-        let result = lead::Entity::update_many()
+        let ids = || lead_ids.iter().map(String::as_str);
+        lead::Entity::update_many()
             .col_expr(
                 lead::Column::State,
                 Expr::value(LeadState::Routing.as_str()),
             )
             .col_expr(lead::Column::LeaseOwner, Expr::value(owner))
-            .col_expr(lead::Column::LeaseUntil, Expr::value(lease_end(lease)))
+            .col_expr(lead::Column::LeaseUntil, Expr::value(until))
             .col_expr(lead::Column::UpdatedAt, Expr::value(now))
-            .filter(lead::Column::Id.eq(lead_id))
+            .filter(lead::Column::Id.is_in(ids()))
             .filter(claimable)
             .exec(&self.db)
             .await?;
-        Ok(result.rows_affected == 1)
+        lead::Entity::find()
+            .select_only()
+            .column(lead::Column::Id)
+            .filter(lead::Column::Id.is_in(ids()))
+            .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
+            .filter(lead::Column::LeaseOwner.eq(owner))
+            .filter(lead::Column::LeaseUntil.eq(until))
+            .into_tuple()
+            .all(&self.db)
+            .await
     }
 
     /// Extends our lease; false when another instance took the lead over.
