@@ -18,7 +18,7 @@ use leadrouter::startup::Application;
 use leadrouter::store::Store;
 use scratch_db::{Backend, TestDatabase};
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
-use support::{closed_loop, fixed_rate, lead_body};
+use support::{closed_loop, env_u64, fixed_rate, lead_body};
 
 const CONFIG: &str = r#"
 [[sources]]
@@ -34,16 +34,10 @@ struct Settings {
 }
 
 fn main() {
-    let env = |name: &str, default: u64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
     let bench = Settings {
-        seconds: env("BENCH_SECONDS", 10),
-        clients: env("BENCH_CLIENTS", 64) as usize,
-        fixed_rate: env("BENCH_FIXED_RATE", 1000),
+        seconds: env_u64("BENCH_SECONDS", 10),
+        clients: env_u64("BENCH_CLIENTS", 64) as usize,
+        fixed_rate: env_u64("BENCH_FIXED_RATE", 1000),
     };
     let which = std::env::var("BENCH_DB").unwrap_or_else(|_| "both".into());
     let backends = match which.as_str() {

@@ -21,19 +21,13 @@ use leadrouter::config::{DatabaseSettings, Secret};
 use leadrouter::store::Store;
 use scratch_db::{Backend, TestDatabase};
 use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
-use support::{client, post_lead, summarize, LoadResult};
+use support::{client, env_u64, post_lead, summarize, LoadResult};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_leadrouter");
 
 fn main() {
-    let env = |name: &str, default: u64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let leads = env("BENCH_LEADS", 2000);
-    let clients = env("BENCH_CLIENTS", 32) as usize;
+    let leads = env_u64("BENCH_LEADS", 2000);
+    let clients = env_u64("BENCH_CLIENTS", 32) as usize;
     let backend = match std::env::var("BENCH_DB").as_deref() {
         Ok("postgres") => Backend::Postgres,
         _ => Backend::Sqlite,

@@ -98,3 +98,11 @@ pub fn summarize(mut latencies: Vec<Duration>, elapsed: Duration) -> LoadResult 
         acknowledged: latencies.len(),
     }
 }
+
+/// A number from the environment, or `default`.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}

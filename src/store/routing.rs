@@ -51,6 +51,17 @@ pub struct OutcomeCounts {
     pub skipped: u64,
 }
 
+/// Leads in `received`, or in `routing` with a lease that ran out by `now`.
+fn waiting_to_be_routed(now: DateTime<Utc>) -> Condition {
+    Condition::any()
+        .add(lead::Column::State.eq(LeadState::Received.as_str()))
+        .add(
+            Condition::all()
+                .add(lead::Column::State.eq(LeadState::Routing.as_str()))
+                .add(lead::Column::LeaseUntil.lt(now)),
+        )
+}
+
 fn lease_end(lease: Duration) -> DateTime<Utc> {
     Utc::now() + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX)
 }
@@ -71,13 +82,7 @@ impl Store {
         }
         let now = Utc::now();
         let until = lease_end(lease);
-        let claimable = Condition::any()
-            .add(lead::Column::State.eq(LeadState::Received.as_str()))
-            .add(
-                Condition::all()
-                    .add(lead::Column::State.eq(LeadState::Routing.as_str()))
-                    .add(lead::Column::LeaseUntil.lt(now)),
-            );
+        let claimable = waiting_to_be_routed(now);
         let ids = || lead_ids.iter().map(String::as_str);
         lead::Entity::update_many()
             .col_expr(
@@ -148,13 +153,7 @@ impl Store {
 
     /// Leads waiting to be routed (or whose lease ran out), oldest first.
     pub async fn routable_leads(&self, limit: u64) -> Result<Vec<String>, DbErr> {
-        let waiting = Condition::any()
-            .add(lead::Column::State.eq(LeadState::Received.as_str()))
-            .add(
-                Condition::all()
-                    .add(lead::Column::State.eq(LeadState::Routing.as_str()))
-                    .add(lead::Column::LeaseUntil.lt(Utc::now())),
-            );
+        let waiting = waiting_to_be_routed(Utc::now());
         lead::Entity::find()
             .select_only()
             .column(lead::Column::Id)
