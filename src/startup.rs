@@ -17,6 +17,7 @@ pub struct Application {
     port: u16,
     server: Server,
     store: Store,
+    shutdown_grace: std::time::Duration,
 }
 
 impl Application {
@@ -63,6 +64,7 @@ impl Application {
             port,
             server,
             store,
+            shutdown_grace: grace,
         })
     }
 
@@ -79,8 +81,17 @@ impl Application {
         &self.store
     }
 
-    /// Serves until the server is stopped (ctrl-c / SIGTERM).
+    /// Serves until the server is stopped (ctrl-c / SIGTERM), then closes
+    /// the database pool, waiting up to `server.shutdown_grace` for
+    /// queries in flight.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await
+        let served = self.server.await;
+        if actix_web::rt::time::timeout(self.shutdown_grace, self.store.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!("database queries still running at shutdown");
+        }
+        served
     }
 }

@@ -19,6 +19,7 @@ use actix::prelude::*;
 use super::buyer::CircuitChanged;
 use super::waterfall::{RoutingContext, Waterfall, WaterfallFinished};
 use crate::buyer::breaker::CircuitState;
+use crate::domain::LeadState;
 
 /// Waterfalls running at once in one instance.
 const MAX_ACTIVE_WATERFALLS: usize = 256;
@@ -44,6 +45,9 @@ pub struct Router {
     sweeping: bool,
     /// A sweep was asked for while one ran: run another when it ends.
     sweep_again: bool,
+    /// Final states waiting to be written, in groups (one write at a time).
+    to_settle: Vec<(String, LeadState)>,
+    settling: bool,
 }
 
 impl Router {
@@ -55,6 +59,8 @@ impl Router {
             backlog: false,
             sweeping: false,
             sweep_again: false,
+            to_settle: Vec::new(),
+            settling: false,
         }
     }
 
@@ -137,6 +143,36 @@ impl Router {
     }
 }
 
+impl Router {
+    /// Writes the waiting final states; states arriving meanwhile wait for
+    /// the next write, so under load many leads share one commit.
+    fn settle(&mut self, ctx: &mut Context<Self>) {
+        if self.settling || self.to_settle.is_empty() {
+            return;
+        }
+        self.settling = true;
+        let batch = std::mem::take(&mut self.to_settle);
+        let routing = self.routing.clone();
+        ctx.spawn(
+            async move { (routing.store.settle_leads(&routing.instance_id, &batch).await, batch.len()) }
+                .into_actor(self)
+                .map(|(written, wanted), router, ctx| {
+                    router.settling = false;
+                    match written {
+                        Ok(count) if count as usize != wanted => {
+                            tracing::warn!(wanted, count, "some leads were taken over before they were settled")
+                        }
+                        Ok(_) => {}
+                        Err(error) => {
+                            tracing::error!(%error, "could not settle leads; their leases run out and they are routed again")
+                        }
+                    }
+                    router.settle(ctx);
+                }),
+        );
+    }
+}
+
 impl Actor for Router {
     type Context = Context<Self>;
 
@@ -172,6 +208,10 @@ impl Handler<WaterfallFinished> for Router {
 
     fn handle(&mut self, message: WaterfallFinished, ctx: &mut Context<Self>) {
         self.active.remove(&message.lead_id);
+        if let Some(state) = message.state {
+            self.to_settle.push((message.lead_id, state));
+            self.settle(ctx);
+        }
         if self.backlog {
             self.sweep(ctx);
         }

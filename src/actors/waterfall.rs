@@ -1,7 +1,8 @@
 //! `Waterfall`: routes one lead. Started by the `Router` for a lead it has
 //! claimed (lease); it walks the eligible buyers by priority (ping, then post) and
 //! stops at the first accepted post, a post timeout, or the end of the
-//! list; then it settles the lead and stops. It holds nothing that is not in
+//! list; then it hands the final state to the router (which writes
+//! settles in groups) and stops. It holds nothing that is not in
 //! the database: a waterfall that dies leaves a lease that runs out, and
 //! the router's sweep starts the lead again (already-rejected buyers and
 //! already-posted buyers are not offered it twice).
@@ -40,17 +41,20 @@ pub struct RoutingContext {
     pub instance_id: Arc<str>,
 }
 
-/// Sent to the router when a waterfall ends.
+/// Sent to the router when a waterfall ends; `state` is the lead's final
+/// state to write, if it reached one.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct WaterfallFinished {
     pub lead_id: String,
+    pub state: Option<LeadState>,
 }
 
 pub struct Waterfall {
     lead_id: String,
     routing: Arc<RoutingContext>,
     router: Recipient<WaterfallFinished>,
+    outcome: Option<LeadState>,
 }
 
 impl Waterfall {
@@ -63,6 +67,7 @@ impl Waterfall {
             lead_id,
             routing,
             router,
+            outcome: None,
         }
     }
 }
@@ -76,20 +81,34 @@ impl Actor for Waterfall {
         ctx.spawn(
             async move {
                 match route(&routing, &lead_id).await {
-                    Ok(Some(state)) => tracing::info!(%lead_id, state = state.as_str(), "lead routed"),
-                    Ok(None) => tracing::warn!(%lead_id, "claimed lead not found"),
-                    Err(error) => tracing::error!(%lead_id, %error, "routing stopped; the lease will run out and the lead be routed again"),
+                    Ok(Some(state)) => {
+                        tracing::info!(%lead_id, state = state.as_str(), "lead routed");
+                        Some(state)
+                    }
+                    Ok(None) => {
+                        tracing::warn!(%lead_id, "claimed lead not found");
+                        None
+                    }
+                    Err(error) => {
+                        tracing::error!(%lead_id, %error, "routing stopped; the lease will run out and the lead be routed again");
+                        None
+                    }
                 }
             }
             .into_actor(self)
-            .map(|(), _, ctx| ctx.stop()),
+            .map(|outcome, waterfall, ctx| {
+                waterfall.outcome = outcome;
+                ctx.stop()
+            }),
         );
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
-        // The sweep finds the lead again should this message be lost.
+        // Should this message be lost, the lease runs out and the sweep
+        // routes the lead again; `settled_by_history` then finishes it.
         self.router.do_send(WaterfallFinished {
             lead_id: self.lead_id.clone(),
+            state: self.outcome,
         });
     }
 }
@@ -109,16 +128,30 @@ enum RouteError {
 /// Routes a lead the router claimed for us; `None` when it vanished.
 async fn route(routing: &RoutingContext, lead_id: &str) -> Result<Option<LeadState>, RouteError> {
     let store = &routing.store;
-    let owner = &*routing.instance_id;
     let Some(row) = store.find_lead(lead_id).await? else {
         return Ok(None);
     };
     let history = store.attempts_of(lead_id).await?;
-    let state = walk(routing, &row, &finished_buyers(&history)).await?;
-    if !store.settle_lead(lead_id, owner, state).await? {
-        return Err(RouteError::LeaseLost);
+    if let Some(state) = settled_by_history(store, lead_id, &history).await? {
+        return Ok(Some(state));
     }
-    Ok(Some(state))
+    Ok(Some(walk(routing, &row, &finished_buyers(&history)).await?))
+}
+
+/// A lead routed before (a restart, a lost settle) whose history already
+/// decides it: sold if it has a sale, unknown if a post went out unanswered.
+async fn settled_by_history(
+    store: &Store,
+    lead_id: &str,
+    history: &[attempt::Model],
+) -> Result<Option<LeadState>, RouteError> {
+    if !store.sales_of(&[lead_id.to_string()]).await?.is_empty() {
+        return Ok(Some(LeadState::Sold));
+    }
+    let unanswered_post = history.iter().any(|attempt| {
+        attempt.kind == "post" && matches!(attempt.outcome.as_str(), "timeout" | "in_flight")
+    });
+    Ok(unanswered_post.then_some(LeadState::Unknown))
 }
 
 /// Buyers this lead is never offered again: they rejected it, or a post

@@ -62,6 +62,15 @@ impl Store {
         self.db.ping().await.is_ok()
     }
 
+    /// Closes the pool: new queries fail, and this waits until every query
+    /// in flight has given its connection back. Run before the runtime
+    /// stops, so no connection is dropped outside it.
+    pub async fn close(&self) {
+        if let Err(error) = self.db.close_by_ref().await {
+            tracing::warn!(%error, "closing the database pool");
+        }
+    }
+
     /// The connection, for tests and tools that inspect rows directly.
     pub fn connection(&self) -> &DatabaseConnection {
         &self.db

@@ -10,7 +10,7 @@ use entity::{alert, attempt, lead, sale};
 use sea_orm::sea_query::{Expr, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, DbErr, EntityTrait, PaginatorTrait, QueryFilter,
-    QueryOrder, QuerySelect,
+    QueryOrder, QuerySelect, TransactionTrait,
 };
 use serde_json::Value;
 
@@ -125,30 +125,45 @@ impl Store {
         Ok(result.rows_affected == 1)
     }
 
-    /// Puts a lead we hold into its final state and releases the lease.
-    pub async fn settle_lead(
+    /// Puts leads we hold into their final states and releases their
+    /// leases: one UPDATE per state, in one transaction. Returns how many
+    /// leads were settled (a lead whose lease another instance took is not).
+    pub async fn settle_leads(
         &self,
-        lead_id: &str,
         owner: &str,
-        state: LeadState,
-    ) -> Result<bool, DbErr> {
-        let result = lead::Entity::update_many()
-            .col_expr(lead::Column::State, Expr::value(state.as_str()))
-            .col_expr(
-                lead::Column::LeaseOwner,
-                Expr::value(Option::<String>::None),
-            )
-            .col_expr(
-                lead::Column::LeaseUntil,
-                Expr::value(Option::<DateTime<Utc>>::None),
-            )
-            .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
-            .filter(lead::Column::Id.eq(lead_id))
-            .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
-            .filter(lead::Column::LeaseOwner.eq(owner))
-            .exec(&self.db)
-            .await?;
-        Ok(result.rows_affected == 1)
+        settled: &[(String, LeadState)],
+    ) -> Result<u64, DbErr> {
+        let txn = self.db.begin().await?;
+        let mut changed = 0;
+        for state in LeadState::ALL {
+            let ids: Vec<&str> = settled
+                .iter()
+                .filter(|(_, final_state)| *final_state == state)
+                .map(|(id, _)| id.as_str())
+                .collect();
+            if ids.is_empty() {
+                continue;
+            }
+            changed += lead::Entity::update_many()
+                .col_expr(lead::Column::State, Expr::value(state.as_str()))
+                .col_expr(
+                    lead::Column::LeaseOwner,
+                    Expr::value(Option::<String>::None),
+                )
+                .col_expr(
+                    lead::Column::LeaseUntil,
+                    Expr::value(Option::<DateTime<Utc>>::None),
+                )
+                .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
+                .filter(lead::Column::Id.is_in(ids))
+                .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
+                .filter(lead::Column::LeaseOwner.eq(owner))
+                .exec(&txn)
+                .await?
+                .rows_affected;
+        }
+        txn.commit().await?;
+        Ok(changed)
     }
 
     /// Leads waiting to be routed (or whose lease ran out), oldest first.
