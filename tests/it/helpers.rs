@@ -46,15 +46,31 @@ macro_rules! on_both_databases {
             mod $name {
                 #[actix_web::test]
                 async fn sqlite() {
-                    super::$name($crate::helpers::Backend::Sqlite).await
+                    super::$name($crate::helpers::Backend::Sqlite).await;
+                    $crate::helpers::close_stores().await;
                 }
                 #[actix_web::test]
                 async fn postgres() {
-                    super::$name($crate::helpers::Backend::Postgres).await
+                    super::$name($crate::helpers::Backend::Postgres).await;
+                    $crate::helpers::close_stores().await;
                 }
             }
         )*
     };
+}
+
+thread_local! {
+    /// Stores of the apps this test started (a test runs on one thread).
+    static OPEN_STORES: std::cell::RefCell<Vec<Store>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Closes the pools of this test's apps while the runtime still runs:
+/// actors may be mid-query, and sqlx cannot drop a connection outside it.
+pub async fn close_stores() {
+    let stores = OPEN_STORES.with(|stores| std::mem::take(&mut *stores.borrow_mut()));
+    for store in stores {
+        store.close().await;
+    }
 }
 
 /// A running leadrouter on a loopback port with its own database.
@@ -79,6 +95,7 @@ pub async fn spawn_app_with(backend: Backend, extra: &str) -> TestApp {
     let application = Application::build(settings).await.expect("app builds");
     let address = format!("http://127.0.0.1:{}", application.port());
     let store = application.store().clone();
+    OPEN_STORES.with(|stores| stores.borrow_mut().push(store.clone()));
     actix_web::rt::spawn(application.run_until_stopped());
     TestApp {
         address,
