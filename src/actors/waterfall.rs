@@ -145,12 +145,19 @@ async fn settled_by_history(
     lead_id: &str,
     history: &[attempt::Model],
 ) -> Result<Option<LeadState>, RouteError> {
+    let mut posts = history
+        .iter()
+        .filter(|attempt| attempt.kind == "post")
+        .peekable();
+    if posts.peek().is_none() {
+        // No post ever went out: nothing is sold or unknown yet.
+        return Ok(None);
+    }
     if !store.sales_of(&[lead_id.to_string()]).await?.is_empty() {
         return Ok(Some(LeadState::Sold));
     }
-    let unanswered_post = history.iter().any(|attempt| {
-        attempt.kind == "post" && matches!(attempt.outcome.as_str(), "timeout" | "in_flight")
-    });
+    let unanswered_post =
+        posts.any(|attempt| matches!(attempt.outcome.as_str(), "timeout" | "in_flight"));
     Ok(unanswered_post.then_some(LeadState::Unknown))
 }
 

@@ -3,8 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use entity::{alert, sale};
+use entity::{alert, attempt, lead, sale};
 use futures_util::future::join_all;
+use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
 use serde_json::{json, Value};
 
@@ -25,6 +26,7 @@ on_both_databases!(
     intake_answers_at_once_while_every_buyer_hangs,
     an_operator_opens_and_closes_a_circuit,
     templates_reach_buyers_escaped_for_their_content_type,
+    a_lead_taken_over_after_a_lost_settle_is_finished_from_its_history,
 );
 
 fn attempts_of(view: &Value) -> Vec<(String, String, String)> {
@@ -565,4 +567,52 @@ accept = {{ body_regex = "<status>Matched</status>" }}
         xml_call.body,
         "<lead><note>a&amp;b &lt;c&gt; &quot;d&quot;</note><consent>Yes &amp; agreed</consent></lead>"
     );
+}
+
+/// Puts the lead back in `routing` under a dead instance's expired lease,
+/// as if that instance died before writing the final state.
+async fn orphan(app: &TestApp, lead_id: &str) {
+    lead::Entity::update_many()
+        .col_expr(lead::Column::State, Expr::value("routing"))
+        .col_expr(lead::Column::LeaseOwner, Expr::value("dead-instance"))
+        .col_expr(
+            lead::Column::LeaseUntil,
+            Expr::value(chrono::Utc::now() - chrono::Duration::seconds(5)),
+        )
+        .filter(lead::Column::Id.eq(lead_id))
+        .exec(app.store.connection())
+        .await
+        .unwrap();
+}
+
+async fn a_lead_taken_over_after_a_lost_settle_is_finished_from_its_history(backend: Backend) {
+    let buyer = TestBuyer::start(accept(), accept());
+    let app = spawn_app_with(backend, &BuyerConfig::new("acme", 1).toml(&buyer.base)).await;
+
+    let sold = app
+        .submit(json!({"email": "lost-settle@example.com"}))
+        .await;
+    app.wait_for_state(&sold, "sold").await;
+    orphan(&app, &sold).await;
+    app.wait_for_state(&sold, "sold").await;
+
+    let in_flight = app.submit(json!({"email": "lost-post@example.com"})).await;
+    app.wait_for_state(&in_flight, "sold").await;
+    sale::Entity::delete_many()
+        .filter(sale::Column::LeadId.eq(in_flight.as_str()))
+        .exec(app.store.connection())
+        .await
+        .unwrap();
+    attempt::Entity::update_many()
+        .col_expr(attempt::Column::Outcome, Expr::value("in_flight"))
+        .filter(attempt::Column::LeadId.eq(in_flight.as_str()))
+        .filter(attempt::Column::Kind.eq("post"))
+        .exec(app.store.connection())
+        .await
+        .unwrap();
+    orphan(&app, &in_flight).await;
+    app.wait_for_state(&in_flight, "unknown").await;
+
+    assert_eq!(buyer.calls("post").len(), 2, "no post was sent again");
+    assert_eq!(sales_of(&app, &sold).await, 1);
 }
