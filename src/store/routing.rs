@@ -51,6 +51,33 @@ pub struct OutcomeCounts {
     pub skipped: u64,
 }
 
+fn attempt_row(
+    id: &str,
+    new: NewAttempt,
+    outcome: &str,
+    reason: Option<&str>,
+) -> attempt::ActiveModel {
+    attempt::ActiveModel {
+        id: Set(id.to_string()),
+        lead_id: Set(new.lead_id),
+        buyer_id: Set(new.buyer_id),
+        kind: Set(new.kind),
+        outcome: Set(outcome.to_string()),
+        reason: Set(reason.map(str::to_string)),
+        http_status: Set(None),
+        started_at: Set(Utc::now()),
+        // A skip is over the moment it is written; a call is timed later.
+        duration_ms: Set((outcome == "skipped").then_some(0)),
+        retry_of: Set(new.retry_of),
+        request: Set(new.request),
+        response_body: Set(None),
+        snapshot: Set(new.snapshot),
+        bid: Set(None),
+        ping_id: Set(None),
+        instance_id: Set(Some(new.instance_id)),
+    }
+}
+
 /// Leads in `received`, or in `routing` with a lease that ran out by `now`.
 fn waiting_to_be_routed(now: DateTime<Utc>) -> Condition {
     Condition::any()
@@ -240,26 +267,9 @@ impl Store {
     /// Writes an attempt row as `in_flight`, before the call is made.
     pub async fn begin_attempt(&self, new: NewAttempt) -> Result<String, DbErr> {
         let id = new_id();
-        attempt::Entity::insert(attempt::ActiveModel {
-            id: Set(id.clone()),
-            lead_id: Set(new.lead_id),
-            buyer_id: Set(new.buyer_id),
-            kind: Set(new.kind),
-            outcome: Set("in_flight".into()),
-            reason: Set(None),
-            http_status: Set(None),
-            started_at: Set(Utc::now()),
-            duration_ms: Set(None),
-            retry_of: Set(new.retry_of),
-            request: Set(new.request),
-            response_body: Set(None),
-            snapshot: Set(new.snapshot),
-            bid: Set(None),
-            ping_id: Set(None),
-            instance_id: Set(Some(new.instance_id)),
-        })
-        .exec_without_returning(&self.db)
-        .await?;
+        attempt::Entity::insert(attempt_row(&id, new, "in_flight", None))
+            .exec_without_returning(&self.db)
+            .await?;
         Ok(id)
     }
 
@@ -288,27 +298,17 @@ impl Store {
         Ok(())
     }
 
-    /// A skip: an attempt row of kind `skip` with no call behind it.
+    /// A skip: an attempt row of kind `skip` with no call behind it,
+    /// written whole in one statement.
     pub async fn record_skip(&self, new: NewAttempt, reason: &str) -> Result<(), DbErr> {
-        let id = self
-            .begin_attempt(NewAttempt {
-                kind: "skip".into(),
-                ..new
-            })
+        let new = NewAttempt {
+            kind: "skip".into(),
+            ..new
+        };
+        attempt::Entity::insert(attempt_row(&new_id(), new, "skipped", Some(reason)))
+            .exec_without_returning(&self.db)
             .await?;
-        self.finish_attempt(
-            &id,
-            AttemptEnd {
-                outcome: "skipped".into(),
-                reason: Some(reason.into()),
-                http_status: None,
-                duration: Duration::ZERO,
-                response_body: None,
-                bid: None,
-                ping_id: None,
-            },
-        )
-        .await
+        Ok(())
     }
 
     /// Records the sale; false when the lead was already sold (the unique
