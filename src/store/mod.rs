@@ -1,6 +1,7 @@
 //! The only place that talks to the database: connecting (SQLite or
 //! PostgreSQL through the same sea-orm code), migrating, and the queries.
 
+mod attempt_writer;
 mod leads;
 mod routing;
 
@@ -22,10 +23,13 @@ const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone, Debug)]
 pub struct Store {
     db: DatabaseConnection,
+    /// Attempt rows go through one group-committing writer.
+    attempts: attempt_writer::AttemptWriter,
 }
 
 impl Store {
-    /// Connects with durable commits: SQLite in WAL mode with `synchronous =
+    /// Connects (inside an actix system: it starts the attempt writer) with
+    /// durable commits: SQLite in WAL mode with `synchronous =
     /// FULL` (fsync on every commit), PostgreSQL with its defaults.
     pub async fn connect(settings: &DatabaseSettings) -> Result<Self, DbErr> {
         let url = settings.url.expose();
@@ -47,8 +51,10 @@ impl Store {
                     .synchronous(SqliteSynchronous::Full)
                     .busy_timeout(SQLITE_BUSY_TIMEOUT)
             });
+        let db = Database::connect(options).await?;
         Ok(Self {
-            db: Database::connect(options).await?,
+            attempts: attempt_writer::AttemptWriter::start(db.clone()),
+            db,
         })
     }
 

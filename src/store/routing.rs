@@ -14,6 +14,7 @@ use sea_orm::{
 };
 use serde_json::Value;
 
+use super::attempt_writer::AttemptWrite;
 use super::Store;
 use crate::domain::{new_id, LeadState};
 
@@ -267,35 +268,17 @@ impl Store {
     /// Writes an attempt row as `in_flight`, before the call is made.
     pub async fn begin_attempt(&self, new: NewAttempt) -> Result<String, DbErr> {
         let id = new_id();
-        attempt::Entity::insert(attempt_row(&id, new, "in_flight", None))
-            .exec_without_returning(&self.db)
+        let row = attempt_row(&id, new, "in_flight", None);
+        self.attempts
+            .write(AttemptWrite::Insert(Box::new(row)))
             .await?;
         Ok(id)
     }
 
     /// Completes an attempt row with what happened.
     pub async fn finish_attempt(&self, attempt_id: &str, end: AttemptEnd) -> Result<(), DbErr> {
-        attempt::Entity::update_many()
-            .col_expr(attempt::Column::Outcome, Expr::value(end.outcome))
-            .col_expr(attempt::Column::Reason, Expr::value(end.reason))
-            .col_expr(
-                attempt::Column::HttpStatus,
-                Expr::value(end.http_status.map(i32::from)),
-            )
-            .col_expr(
-                attempt::Column::DurationMs,
-                Expr::value(end.duration.as_millis() as i64),
-            )
-            .col_expr(
-                attempt::Column::ResponseBody,
-                Expr::value(end.response_body),
-            )
-            .col_expr(attempt::Column::Bid, Expr::value(end.bid))
-            .col_expr(attempt::Column::PingId, Expr::value(end.ping_id))
-            .filter(attempt::Column::Id.eq(attempt_id))
-            .exec(&self.db)
-            .await?;
-        Ok(())
+        let id = attempt_id.to_string();
+        self.attempts.write(AttemptWrite::Finish { id, end }).await
     }
 
     /// A skip: an attempt row of kind `skip` with no call behind it,
@@ -305,10 +288,10 @@ impl Store {
             kind: "skip".into(),
             ..new
         };
-        attempt::Entity::insert(attempt_row(&new_id(), new, "skipped", Some(reason)))
-            .exec_without_returning(&self.db)
-            .await?;
-        Ok(())
+        let row = attempt_row(&new_id(), new, "skipped", Some(reason));
+        self.attempts
+            .write(AttemptWrite::Insert(Box::new(row)))
+            .await
     }
 
     /// Records the sale; false when the lead was already sold (the unique
