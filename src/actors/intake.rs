@@ -149,14 +149,19 @@ async fn write_batch(
         Err(error) => {
             tracing::error!(%error, leads = batch.len(), "lead insert failed; trying lead by lead");
             let lone = batch.len() == 1;
+            let mut routable = Vec::new();
             for waiting in batch {
-                let answer = if lone {
+                let stored = if lone {
                     Err(IntakeError::Store(error.to_string()))
                 } else {
                     persist_alone(&store, &waiting.lead, &rules).await
                 };
-                let _ = waiting.reply.send(answer);
+                routable.extend(stored.as_ref().ok().and_then(routable_id));
+                let _ = waiting
+                    .reply
+                    .send(stored.map(|outcome| contract_of(&outcome, &rules)));
             }
+            route_to.do_send(RouteLeads { lead_ids: routable });
         }
     }
 }
@@ -175,15 +180,12 @@ async fn persist_alone(
     store: &Store,
     lead: &NewLead,
     rules: &IntakeRules,
-) -> Result<Contract, IntakeError> {
+) -> Result<PersistOutcome, IntakeError> {
     match store
         .persist_leads(std::slice::from_ref(lead), &rules.duplicates)
         .await
     {
-        Ok(outcomes) => outcomes
-            .first()
-            .map(|outcome| contract_of(outcome, rules))
-            .ok_or(IntakeError::Interrupted),
+        Ok(outcomes) => outcomes.into_iter().next().ok_or(IntakeError::Interrupted),
         Err(error) => {
             tracing::error!(%error, lead_id = %lead.id, "intake could not store a lead");
             Err(IntakeError::Store(error.to_string()))
