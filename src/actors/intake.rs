@@ -194,7 +194,7 @@ async fn persist_alone(
 }
 
 /// The contract of a stored (or replayed) lead row.
-pub fn contract_of(outcome: &PersistOutcome, rules: &IntakeRules) -> Contract {
+fn contract_of(outcome: &PersistOutcome, rules: &IntakeRules) -> Contract {
     let (row, replayed) = match outcome {
         PersistOutcome::Inserted(row) => (row, false),
         PersistOutcome::Existing(row) => (row, true),
