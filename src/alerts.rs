@@ -9,6 +9,10 @@ pub enum AlertKind {
     CircuitOpened,
     CircuitClosed,
     PostTimeout,
+    /// The database was unreachable; leads went to the spool.
+    SpoolInUse,
+    /// The database was unreachable and the spool could not take a lead.
+    IntakeFailed,
 }
 
 impl AlertKind {
@@ -17,6 +21,8 @@ impl AlertKind {
             Self::CircuitOpened => "circuit_opened",
             Self::CircuitClosed => "circuit_closed",
             Self::PostTimeout => "post_timeout",
+            Self::SpoolInUse => "spool_in_use",
+            Self::IntakeFailed => "intake_failed",
         }
     }
 }

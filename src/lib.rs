@@ -13,6 +13,7 @@
 //! - [`store`]: every database query (sea-orm), SQLite and PostgreSQL alike.
 //! - [`buyer`]: one call to a buyer: request, verdict, circuit breaker.
 //! - [`actors`]: the supervision tree: intake, router, buyers, waterfalls.
+//! - [`spool`]: the durable journal intake uses while the database is down.
 //! - [`alerts`]: alerts to the error log and the database.
 //! - [`routes`]: the HTTP API, one module per resource.
 //! - [`rate_limit`]: token buckets per source and client IP.
@@ -27,6 +28,7 @@ pub mod domain;
 pub mod mock_buyer;
 pub mod rate_limit;
 pub mod routes;
+pub mod spool;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

@@ -114,8 +114,18 @@ fn check_config(path: &std::path::Path) -> ExitCode {
 
 async fn serve(path: PathBuf) -> anyhow::Result<()> {
     let settings = config::load(&path)?;
+    let host = settings
+        .server
+        .listen
+        .rsplit_once(':')
+        .map_or("127.0.0.1", |(host, _)| host)
+        .to_string();
     let application = Application::build(settings).await?;
-    tracing::info!(port = application.port(), "leadrouter serving");
+    // On stdout, for people and for tools that start us on port 0.
+    println!(
+        "leadrouter listening on http://{host}:{}",
+        application.port()
+    );
     application.run_until_stopped().await?;
     Ok(())
 }

@@ -1,5 +1,9 @@
-//! `Application`: connects the store, runs migrations, starts the actor tree,
-//! and binds the HTTP server (port 0 in tests).
+//! `Application`: connects the store, runs migrations, opens the spool,
+//! starts the actor tree, and binds the HTTP server (port 0 in tests); then
+//! serves until SIGTERM / ctrl-c (or until supervision gives up) and shuts
+//! down gracefully: intake answers 503 `failed` at once, calls in flight get
+//! `server.shutdown_grace` to finish, leases still held are released, the
+//! pool is closed.
 
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -7,17 +11,32 @@ use std::sync::Arc;
 use actix_web::{dev::Server, web, App, HttpServer};
 use anyhow::Context;
 
-use crate::actors::Overseer;
+use std::sync::atomic::Ordering;
+
+use crate::actors::router::Drain;
+use crate::actors::supervision::{Escalation, RestartLog};
+use crate::actors::{Overseer, Tree};
 use crate::config::Settings;
 use crate::rate_limit::RateLimiter;
 use crate::routes::{self, AppState};
+use crate::spool::Spool;
 use crate::store::Store;
 
 pub struct Application {
     port: u16,
     server: Server,
     store: Store,
+    tree: Tree,
+    escalation: Escalation,
     shutdown_grace: std::time::Duration,
+}
+
+/// Why the service stops.
+enum StopReason {
+    /// Someone stopped the server through its handle (tests, benchmarks).
+    Stopped(std::io::Result<()>),
+    Signal(&'static str),
+    Escalated(String),
 }
 
 impl Application {
@@ -43,12 +62,14 @@ impl Application {
 
         let instance_id: Arc<str> = crate::domain::new_id().into();
         tracing::info!(%instance_id, "starting the actors");
-        let tree = Overseer::start(store.clone(), &settings, instance_id);
+        let spool = Spool::open(&settings.intake.spool_dir);
+        let (restarts, escalation) = RestartLog::new(&settings.supervision);
+        let tree = Overseer::start(store.clone(), spool, &settings, instance_id, restarts);
         let grace = settings.server.shutdown_grace;
         let state = web::Data::new(AppState {
             settings: Arc::new(settings),
             store: store.clone(),
-            tree,
+            tree: tree.clone(),
             limiter: RateLimiter::default(),
         });
         let server = HttpServer::new(move || {
@@ -58,12 +79,15 @@ impl Application {
                 .configure(routes::configure)
         })
         .listen(listener)?
-        .shutdown_timeout(grace.as_secs())
+        .disable_signals()
+        .shutdown_timeout(grace.as_secs().max(1))
         .run();
         Ok(Self {
             port,
             server,
             store,
+            tree,
+            escalation,
             shutdown_grace: grace,
         })
     }
@@ -81,17 +105,57 @@ impl Application {
         &self.store
     }
 
-    /// Serves until the server is stopped (ctrl-c / SIGTERM), then closes
-    /// the database pool, waiting up to `server.shutdown_grace` for
-    /// queries in flight.
-    pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        let served = self.server.await;
+    /// Serves until SIGTERM / ctrl-c, an exceeded restart intensity, or a
+    /// stop through [`Application::handle`]; then shuts down gracefully.
+    /// An escalation ends in an error (the process exits non-zero).
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let handle = self.server.handle();
+        let mut server = self.server;
+        let reason = tokio::select! {
+            served = &mut server => StopReason::Stopped(served),
+            signal = shutdown_signal() => StopReason::Signal(signal),
+            reason = self.escalation.wait() => StopReason::Escalated(reason),
+        };
+        if !matches!(reason, StopReason::Stopped(_)) {
+            let grace = self.shutdown_grace;
+            tracing::info!(grace = %humantime::format_duration(grace), "shutting down: refusing new leads, letting calls in flight finish");
+            self.tree.draining.store(true, Ordering::Relaxed);
+            if let Err(error) = self.tree.router.send(Drain { grace }).await {
+                tracing::error!(%error, "router unavailable at shutdown; leases run out instead");
+            }
+            // The server future runs the stop command: poll both.
+            let _ = futures_util::future::join(handle.stop(true), server).await;
+        }
         if actix_web::rt::time::timeout(self.shutdown_grace, self.store.close())
             .await
             .is_err()
         {
             tracing::warn!("database queries still running at shutdown");
         }
-        served
+        match reason {
+            StopReason::Stopped(served) => Ok(served?),
+            StopReason::Signal(signal) => {
+                tracing::info!(signal, "stopped");
+                Ok(())
+            }
+            StopReason::Escalated(reason) => Err(anyhow::anyhow!(reason)),
+        }
+    }
+}
+
+/// Waits for SIGTERM or ctrl-c (SIGINT); returns which.
+async fn shutdown_signal() -> &'static str {
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                let _ = tokio::signal::ctrl_c().await;
+                return "SIGINT";
+            }
+        };
+    tokio::select! {
+        _ = terminate.recv() => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
     }
 }

@@ -20,6 +20,7 @@ use futures_util::future::LocalBoxFuture;
 use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
+use super::supervision::{guarded, RestartLog};
 use crate::alerts::{self, AlertKind};
 use crate::buyer::accept::{number_at, text_at, AcceptCheck};
 use crate::buyer::board::{Board, BuyerStatus};
@@ -53,6 +54,9 @@ pub enum Offered {
     Called(CallReport),
     /// The attempt row could not be written, so nothing was sent.
     NotRecorded,
+    /// The buyer actor crashed during the call (it is being restarted);
+    /// the attempt row, if written, stays `in_flight` for recovery.
+    Crashed,
 }
 
 #[derive(Debug, Clone)]
@@ -95,16 +99,30 @@ pub struct Buyer {
     store: Store,
     board: Board,
     router: Recipient<CircuitChanged>,
+    restarts: RestartLog,
+    /// Fault injection (`faults.buyer_panics`): calls still to panic.
+    panics_left: u32,
+}
+
+/// What a buyer actor is given besides its own settings.
+#[derive(Clone)]
+pub struct BuyerEnvironment {
+    pub pii_fields: Arc<Vec<String>>,
+    pub store: Store,
+    pub board: Board,
+    pub router: Recipient<CircuitChanged>,
+    pub restarts: RestartLog,
 }
 
 impl Buyer {
-    pub fn new(
-        settings: Arc<BuyerSettings>,
-        pii_fields: Arc<Vec<String>>,
-        store: Store,
-        board: Board,
-        router: Recipient<CircuitChanged>,
-    ) -> Self {
+    pub fn new(settings: Arc<BuyerSettings>, environment: BuyerEnvironment, panics: u32) -> Self {
+        let BuyerEnvironment {
+            pii_fields,
+            store,
+            board,
+            router,
+            restarts,
+        } = environment;
         Self {
             ping_check: AcceptCheck::compile(
                 settings.ping.as_ref().and_then(|ping| ping.accept.as_ref()),
@@ -120,6 +138,8 @@ impl Buyer {
             store,
             board,
             router,
+            restarts,
+            panics_left: panics,
         }
     }
 
@@ -278,7 +298,8 @@ impl Actor for Buyer {
 
 impl Supervised for Buyer {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
-        tracing::warn!(buyer_id = %self.settings.id, "buyer actor restarting");
+        self.restarts
+            .restarted(&format!("buyer {}", self.settings.id));
         self.in_flight = 0;
         self.waiting.clear();
         self.publish();
@@ -309,17 +330,25 @@ impl Handler<OfferLead> for Buyer {
                         buyer.release_slot();
                         return buyer.skip(&offer, SkipReason::CircuitOpen);
                     }
-                    let call = buyer.call(offer);
-                    Box::pin(call.into_actor(buyer).map(move |report, buyer, ctx| {
-                        buyer.release_slot();
-                        match &report {
-                            Offered::Called(call) => {
-                                buyer.record_result(admission, call.outcome, ctx)
+                    let inject_panic = buyer.panics_left > 0;
+                    buyer.panics_left = buyer.panics_left.saturating_sub(1);
+                    let call = buyer.call(offer, inject_panic);
+                    Box::pin(
+                        guarded::<Buyer, _>("buyer", call).map(move |report, buyer, ctx| {
+                            let Some(report) = report else {
+                                // Stopping: `restarting` resets slots and counters.
+                                return Offered::Crashed;
+                            };
+                            buyer.release_slot();
+                            match &report {
+                                Offered::Called(call) => {
+                                    buyer.record_result(admission, call.outcome, ctx)
+                                }
+                                _ => buyer.breaker.cancel(admission),
                             }
-                            _ => buyer.breaker.cancel(admission),
-                        }
-                        report
-                    }))
+                            report
+                        }),
+                    )
                 }),
         )
     }
@@ -327,7 +356,8 @@ impl Handler<OfferLead> for Buyer {
 
 impl Buyer {
     /// The call itself: attempt row first, then the request, then the row's end.
-    fn call(&self, offer: OfferLead) -> LocalBoxFuture<'static, Offered> {
+    /// `inject_panic`: fault injection for supervision tests.
+    fn call(&self, offer: OfferLead, inject_panic: bool) -> LocalBoxFuture<'static, Offered> {
         let Some(client) = self.client.clone() else {
             return FutureExt::boxed_local(futures_util::future::ready(Offered::NotRecorded));
         };
@@ -361,6 +391,9 @@ impl Buyer {
                     return Offered::NotRecorded;
                 }
             };
+            if inject_panic {
+                panic!("injected fault: buyer {} panics during a call", settings.id);
+            }
             let span = tracing::info_span!("attempt", %lead_id, buyer_id = %settings.id, kind = offer.kind.as_str(), %attempt_id);
             let outcome = exchange(&client, offer.kind, &request, timeout, &check).await;
             let report = report_of(&settings, offer.kind, attempt_id, &outcome);

@@ -4,17 +4,27 @@
 //! buffer; while one batch is being written the next one fills, so under
 //! load many leads share a transaction, and each sender is answered only
 //! after the commit that holds its lead. Per batch: the intake log rows are
-//! committed first, then the leads. A batch that fails is retried lead by
-//! lead, so one bad row cannot fail its neighbours. On restart, leads still
-//! buffered are written; leads whose write was interrupted were answered
-//! `failed` (their senders retry with the same key).
+//! committed first, then the leads. A batch the database refuses is retried
+//! lead by lead, so one bad row cannot fail its neighbours. A batch the
+//! database cannot take (unreachable, or no answer within
+//! `write_deadline`) goes to the spool, fsynced, and its senders are
+//! answered `pending`; if the spool cannot take it either, `failed`. On
+//! restart, leads still buffered are written; leads whose write was
+//! interrupted were answered `failed` (their senders retry with the same key).
+
+use std::time::Duration;
 
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
 use super::router::RouteLeads;
+use super::supervision::{guarded, RestartLog};
+use crate::alerts::{self, AlertKind};
 use crate::domain::{Contract, LeadState};
-use crate::store::{contract_of_row, DuplicateRule, NewLead, PersistOutcome, Store};
+use crate::spool::{Spool, SpooledLead};
+use crate::store::{
+    contract_of_row, is_unreachable, DuplicateRule, NewLead, PersistOutcome, Store,
+};
 
 /// Most leads written in one transaction.
 const MAX_BATCH: usize = 512;
@@ -28,6 +38,8 @@ pub struct IntakeRules {
     pub duplicates: DuplicateRule,
     /// A required notify channel exists, so stored leads stay `pending`.
     pub awaiting_required_notify: bool,
+    /// A batch not committed by then goes to the spool.
+    pub write_deadline: Duration,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -50,22 +62,30 @@ struct Waiting {
     reply: oneshot::Sender<Result<Contract, IntakeError>>,
 }
 
-pub struct Intake {
-    store: Store,
-    rules: IntakeRules,
+/// Where intake puts leads: the database, else the spool; and who routes them.
+#[derive(Clone)]
+pub struct IntakeTargets {
+    pub store: Store,
+    pub spool: Spool,
     /// Where stored, routable leads go (the router).
-    route_to: Recipient<RouteLeads>,
+    pub route_to: Recipient<RouteLeads>,
+}
+
+pub struct Intake {
+    targets: IntakeTargets,
+    rules: IntakeRules,
+    restarts: RestartLog,
     buffer: Vec<Waiting>,
     /// A batch is being written; new leads wait for the next one.
     writing: bool,
 }
 
 impl Intake {
-    pub fn new(store: Store, rules: IntakeRules, route_to: Recipient<RouteLeads>) -> Self {
+    pub fn new(targets: IntakeTargets, rules: IntakeRules, restarts: RestartLog) -> Self {
         Self {
-            store,
+            targets,
             rules,
-            route_to,
+            restarts,
             buffer: Vec::new(),
             writing: false,
         }
@@ -78,16 +98,17 @@ impl Intake {
         self.writing = true;
         let take = self.buffer.len().min(MAX_BATCH);
         let batch: Vec<Waiting> = self.buffer.drain(..take).collect();
-        let store = self.store.clone();
+        let targets = self.targets.clone();
         let rules = self.rules.clone();
-        let route_to = self.route_to.clone();
         ctx.spawn(
-            write_batch(store, rules, batch, route_to)
-                .into_actor(self)
-                .map(|(), actor, ctx| {
-                    actor.writing = false;
-                    actor.write_next_batch(ctx);
-                }),
+            guarded::<Self, _>("intake", write_batch(targets, rules, batch)).map(
+                |done, actor, ctx| {
+                    if done.is_some() {
+                        actor.writing = false;
+                        actor.write_next_batch(ctx);
+                    }
+                },
+            ),
         );
     }
 }
@@ -97,12 +118,14 @@ impl Actor for Intake {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(MAILBOX_CAPACITY);
+        // After a restart: write what is still buffered.
+        self.write_next_batch(ctx);
     }
 }
 
 impl Supervised for Intake {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
-        tracing::warn!(buffered = self.buffer.len(), "intake actor restarting");
+        self.restarts.restarted("intake");
         self.writing = false;
     }
 }
@@ -122,31 +145,24 @@ impl Handler<SubmitLead> for Intake {
     }
 }
 
-async fn write_batch(
-    store: Store,
-    rules: IntakeRules,
-    batch: Vec<Waiting>,
-    route_to: Recipient<RouteLeads>,
-) {
+async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Waiting>) {
+    let store = &targets.store;
     let leads: Vec<NewLead> = batch.iter().map(|waiting| waiting.lead.clone()).collect();
-    if let Err(error) = store.log_arrivals(&leads).await {
-        tracing::error!(%error, leads = leads.len(), "intake could not write the intake log");
-        let failure = IntakeError::Store(error.to_string());
-        for waiting in batch {
-            let _ = waiting.reply.send(Err(failure.clone()));
-        }
-        return;
-    }
-    match store.persist_leads(&leads, &rules.duplicates).await {
-        Ok(outcomes) => {
+    let written = actix_web::rt::time::timeout(rules.write_deadline, async {
+        store.log_arrivals(&leads).await?;
+        store.persist_leads(&leads, &rules.duplicates).await
+    })
+    .await;
+    match written {
+        Ok(Ok(outcomes)) => {
             let routable = outcomes.iter().filter_map(routable_id).collect();
             for (waiting, outcome) in batch.into_iter().zip(outcomes) {
                 let _ = waiting.reply.send(Ok(contract_of(&outcome, &rules)));
             }
             // Losing this message only delays routing to the next sweep.
-            route_to.do_send(RouteLeads { lead_ids: routable });
+            targets.route_to.do_send(RouteLeads { lead_ids: routable });
         }
-        Err(error) => {
+        Ok(Err(error)) if !is_unreachable(&error) => {
             tracing::error!(%error, leads = batch.len(), "lead insert failed; trying lead by lead");
             let lone = batch.len() == 1;
             let mut routable = Vec::new();
@@ -154,20 +170,78 @@ async fn write_batch(
                 let stored = if lone {
                     Err(IntakeError::Store(error.to_string()))
                 } else {
-                    persist_alone(&store, &waiting.lead, &rules).await
+                    persist_alone(store, &waiting.lead, &rules).await
                 };
                 routable.extend(stored.as_ref().ok().and_then(routable_id));
                 let _ = waiting
                     .reply
                     .send(stored.map(|outcome| contract_of(&outcome, &rules)));
             }
-            route_to.do_send(RouteLeads { lead_ids: routable });
+            targets.route_to.do_send(RouteLeads { lead_ids: routable });
+        }
+        Ok(Err(error)) => {
+            tracing::error!(%error, leads = batch.len(), "database unreachable; spooling");
+            spool_batch(&targets, batch).await;
+        }
+        Err(_) => {
+            tracing::error!(
+                leads = batch.len(),
+                "database did not answer in time; spooling"
+            );
+            spool_batch(&targets, batch).await;
         }
     }
 }
 
+/// Journals the batch in the spool (fsync) and answers `pending`; if the
+/// spool cannot take it either, `failed`.
+async fn spool_batch(targets: &IntakeTargets, batch: Vec<Waiting>) {
+    let entries: Vec<SpooledLead> = batch
+        .iter()
+        .map(|waiting| SpooledLead {
+            contract: Contract::spooled(waiting.lead.id.clone(), waiting.lead.errors.clone()),
+            lead: waiting.lead.clone(),
+        })
+        .collect();
+    let spool = targets.spool.clone();
+    let first_in_spool = spool.pending() == 0;
+    let appended =
+        actix_web::rt::task::spawn_blocking(move || spool.append(&entries).map(|()| entries))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|result| result);
+    let (kind, message) = match appended {
+        Ok(entries) => {
+            for (waiting, entry) in batch.into_iter().zip(entries) {
+                let _ = waiting.reply.send(Ok(entry.contract));
+            }
+            if !first_in_spool {
+                return;
+            }
+            (
+                AlertKind::SpoolInUse,
+                "database unreachable: intake is writing leads to the spool".to_string(),
+            )
+        }
+        Err(error) => {
+            let failure =
+                IntakeError::Store(format!("database unreachable and spool failed: {error}"));
+            let count = batch.len();
+            for waiting in batch {
+                let _ = waiting.reply.send(Err(failure.clone()));
+            }
+            (
+                AlertKind::IntakeFailed,
+                format!("intake could not store {count} leads: database unreachable and spool failed ({error})"),
+            )
+        }
+    };
+    let store = targets.store.clone();
+    actix::spawn(async move { alerts::raise(&store, kind, None, None, &message).await });
+}
+
 /// A newly stored lead that waits to be routed.
-fn routable_id(outcome: &PersistOutcome) -> Option<String> {
+pub(super) fn routable_id(outcome: &PersistOutcome) -> Option<String> {
     match outcome {
         PersistOutcome::Inserted(row) if row.state == LeadState::Received.as_str() => {
             Some(row.id.clone())

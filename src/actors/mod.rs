@@ -2,17 +2,20 @@
 //! restarted actor recovers from rows, never from a lost mailbox.
 //!
 //! ```text
-//! Overseer (starts the others under actix supervision)
-//! ├── Router   (which leads are routed now; sweeps for waiting leads)
+//! Overseer (starts the others under supervision, restart intensity)
+//! ├── Router   (which leads are routed now; sweeps, leases, drains)
 //! │   ├── Buyer × each configured buyer (client, slots, breaker, timeouts)
-//! │   └── Waterfall × each lead being routed (claims, walks buyers, settles)
-//! └── Intake   (intake log + group commit of leads; hands ids to Router)
+//! │   └── Waterfall × each lead being routed (walks buyers, recovers history)
+//! ├── Intake   (intake log + group commit of leads, else the spool)
+//! └── SpoolDrainer (spooled leads into the database when it is back)
 //! ```
 
 pub mod buyer;
+mod drainer;
 mod intake;
 mod overseer;
 pub mod router;
+pub mod supervision;
 pub mod waterfall;
 
 pub use intake::{Intake, IntakeError, IntakeRules, SubmitLead};

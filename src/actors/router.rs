@@ -7,16 +7,24 @@
 //! `RouteLeads` (from intake), `WaterfallFinished`, and `CircuitChanged`
 //! (from buyers): when a circuit half-opens or closes, unsold leads that
 //! buyer skipped (circuit open, busy) or failed with an error, within a day
-//! of arrival, are put back to be routed. A restart loses nothing: the
-//! next sweep finds every waiting lead in the database.
+//! of arrival, are put back to be routed. A waterfall that ends without a
+//! final state (an error, a crashed buyer actor) has its lead released at
+//! once, for the next sweep. While routing, it renews the leases of its
+//! leads every third of `routing.lease`. `Drain` (graceful shutdown) stops
+//! new routing, waits for the waterfalls, and releases what is still held.
+//! A restart loses nothing: the next sweep finds every waiting lead in the
+//! database.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use tokio::sync::oneshot;
 
 use super::buyer::CircuitChanged;
+use super::supervision::{guarded, RestartLog};
 use super::waterfall::{RoutingContext, Waterfall, WaterfallFinished};
 use crate::buyer::breaker::CircuitState;
 use crate::domain::LeadState;
@@ -36,9 +44,18 @@ pub struct RouteLeads {
     pub lead_ids: Vec<String>,
 }
 
+/// Graceful shutdown: stop routing, give the waterfalls `grace` to end,
+/// then release every lead still held.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Drain {
+    pub grace: Duration,
+}
+
 pub struct Router {
     routing: Arc<RoutingContext>,
     sweep_interval: Duration,
+    restarts: RestartLog,
     active: HashSet<String>,
     /// More leads wait in the database than were started.
     backlog: bool,
@@ -48,25 +65,40 @@ pub struct Router {
     /// Final states waiting to be written, in groups (one write at a time).
     to_settle: Vec<(String, LeadState)>,
     settling: bool,
+    /// Told when the last waterfall ends while draining.
+    drained: Vec<oneshot::Sender<()>>,
 }
 
 impl Router {
-    pub fn new(routing: Arc<RoutingContext>, sweep_interval: Duration) -> Self {
+    pub fn new(
+        routing: Arc<RoutingContext>,
+        sweep_interval: Duration,
+        restarts: RestartLog,
+    ) -> Self {
         Self {
             routing,
             sweep_interval,
+            restarts,
             active: HashSet::new(),
             backlog: false,
             sweeping: false,
             sweep_again: false,
             to_settle: Vec::new(),
             settling: false,
+            drained: Vec::new(),
         }
+    }
+
+    fn draining(&self) -> bool {
+        self.routing.draining.load(Ordering::Relaxed)
     }
 
     /// Claims the leads that fit (one UPDATE for all), then starts a
     /// waterfall for each lead claimed; the rest wait as rows.
     fn claim_and_start(&mut self, lead_ids: Vec<String>, ctx: &mut Context<Self>) {
+        if self.draining() {
+            return;
+        }
         let room = MAX_ACTIVE_WATERFALLS.saturating_sub(self.active.len());
         let fresh: Vec<String> = lead_ids
             .into_iter()
@@ -100,46 +132,98 @@ impl Router {
                         router.active.remove(lead_id);
                     }
                 }
-                for lead_id in claimed {
-                    Waterfall::new(lead_id, router.routing.clone(), ctx.address().recipient())
-                        .start();
-                }
+                router.start_waterfalls(claimed, ctx);
             }),
         );
     }
 
-    /// Looks in the database for leads waiting to be routed.
+    fn start_waterfalls(&mut self, claimed: Vec<String>, ctx: &mut Context<Self>) {
+        for lead_id in claimed {
+            Waterfall::new(lead_id, self.routing.clone(), ctx.address().recipient()).start();
+        }
+    }
+
+    /// Claims leads waiting in the database (received, or with a lease
+    /// that ran out), as many as there is room for.
     fn sweep(&mut self, ctx: &mut Context<Self>) {
+        if self.draining() {
+            return;
+        }
         if self.sweeping {
             self.sweep_again = true;
             return;
         }
-        let room = MAX_ACTIVE_WATERFALLS.saturating_sub(self.active.len());
+        let room = MAX_ACTIVE_WATERFALLS.saturating_sub(self.active.len()) as u64;
         if room == 0 {
             self.backlog = true;
             return;
         }
         self.sweeping = true;
         self.backlog = false;
-        let store = self.routing.store.clone();
-        let limit = (room + self.active.len()) as u64;
+        let routing = self.routing.clone();
         ctx.spawn(
-            async move { store.routable_leads(limit).await }
-                .into_actor(self)
-                .map(move |found, router, ctx| {
-                    router.sweeping = false;
-                    match found {
-                        Ok(ids) => {
-                            router.backlog |= ids.len() as u64 == limit;
-                            router.claim_and_start(ids, ctx);
-                        }
-                        Err(error) => tracing::error!(%error, "sweep could not read waiting leads"),
+            guarded::<Self, _>("router", async move {
+                routing
+                    .store
+                    .claim_waiting(room, &routing.instance_id, routing.lease)
+                    .await
+            })
+            .map(move |claimed, router, ctx| {
+                router.sweeping = false;
+                match claimed {
+                    Some(Ok(ids)) => {
+                        router.backlog |= ids.len() as u64 == room;
+                        let fresh: Vec<String> = ids
+                            .into_iter()
+                            .filter(|id| router.active.insert(id.clone()))
+                            .collect();
+                        router.start_waterfalls(fresh, ctx);
                     }
-                    if std::mem::take(&mut router.sweep_again) {
-                        router.sweep(ctx);
+                    Some(Err(error)) => {
+                        tracing::error!(%error, "sweep could not claim waiting leads")
                     }
-                }),
+                    None => return,
+                }
+                if std::mem::take(&mut router.sweep_again) {
+                    router.sweep(ctx);
+                }
+            }),
         );
+    }
+
+    /// The lease heartbeat for every lead we are routing.
+    fn renew_leases(&mut self, ctx: &mut Context<Self>) {
+        if self.active.is_empty() {
+            return;
+        }
+        let held: Vec<String> = self.active.iter().cloned().collect();
+        let routing = self.routing.clone();
+        ctx.spawn(actix::fut::wrap_future(async move {
+            match routing
+                .store
+                .renew_leases(&held, &routing.instance_id, routing.lease)
+                .await
+            {
+                Ok(renewed) if renewed < held.len() as u64 => tracing::debug!(
+                    renewed,
+                    routing = held.len(),
+                    "some leads finished or were taken over before their lease was renewed"
+                ),
+                Ok(_) => {}
+                Err(error) => tracing::error!(%error, "could not renew leases"),
+            }
+        }));
+    }
+
+    /// While draining: tells `Drain` once no waterfall runs and every
+    /// final state is written.
+    fn check_drained(&mut self) {
+        if self.draining() && self.active.is_empty() && self.to_settle.is_empty() && !self.settling
+        {
+            for waiter in self.drained.drain(..) {
+                let _ = waiter.send(());
+            }
+        }
     }
 }
 
@@ -168,6 +252,7 @@ impl Router {
                         }
                     }
                     router.settle(ctx);
+                    router.check_drained();
                 }),
         );
     }
@@ -180,17 +265,20 @@ impl Actor for Router {
         ctx.set_mailbox_capacity(4096);
         self.sweep(ctx);
         ctx.run_interval(self.sweep_interval, |router, ctx| router.sweep(ctx));
+        ctx.run_interval(self.routing.lease / 3, |router, ctx| {
+            router.renew_leases(ctx)
+        });
     }
 }
 
 impl Supervised for Router {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
-        tracing::warn!(
-            active = self.active.len(),
-            "router restarting; the sweep recovers waiting leads"
-        );
+        self.restarts.restarted("router");
+        // Leads of live waterfalls keep their leases until those end; the
+        // rest come back through the sweep.
         self.active.clear();
         self.sweeping = false;
+        self.settling = false;
     }
 }
 
@@ -206,15 +294,17 @@ impl Handler<RouteLeads> for Router {
 impl Handler<WaterfallFinished> for Router {
     type Result = ();
 
+    /// Writes the final state; a waterfall that reached none (an error, a
+    /// crashed buyer, shutdown) has its lead released to `received`.
     fn handle(&mut self, message: WaterfallFinished, ctx: &mut Context<Self>) {
         self.active.remove(&message.lead_id);
-        if let Some(state) = message.state {
-            self.to_settle.push((message.lead_id, state));
-            self.settle(ctx);
-        }
+        let state = message.state.unwrap_or(LeadState::Received);
+        self.to_settle.push((message.lead_id, state));
+        self.settle(ctx);
         if self.backlog {
             self.sweep(ctx);
         }
+        self.check_drained();
     }
 }
 
@@ -229,6 +319,9 @@ impl Handler<CircuitChanged> for Router {
             CircuitState::Closed => REQUEUE_PER_CLOSE,
             CircuitState::Open => return,
         };
+        if self.draining() {
+            return;
+        }
         let store = self.routing.store.clone();
         let since = chrono::Utc::now() - REROUTE_WITHIN;
         let buyer_id = message.buyer_id;
@@ -249,5 +342,44 @@ impl Handler<CircuitChanged> for Router {
                 Err(error) => tracing::error!(%error, %buyer_id, "could not put leads back"),
             }),
         );
+    }
+}
+
+impl Handler<Drain> for Router {
+    type Result = ResponseActFuture<Self, ()>;
+
+    /// Stops routing; waits up to `grace` for the waterfalls (each stops
+    /// before its next buyer), then releases every lead still held, so
+    /// another instance or the next start routes it at once.
+    fn handle(&mut self, message: Drain, _ctx: &mut Context<Self>) -> Self::Result {
+        self.routing.draining.store(true, Ordering::Relaxed);
+        let (drained, done) = oneshot::channel();
+        self.drained.push(drained);
+        self.check_drained();
+        let grace = message.grace;
+        Box::pin(
+            async move {
+                let finished = actix_web::rt::time::timeout(grace, done).await.is_ok();
+                if !finished {
+                    tracing::warn!("calls still in flight after the shutdown grace; releasing their leads");
+                }
+            }
+            .into_actor(self)
+            .then(|(), router, _ctx| {
+                let mut held = std::mem::take(&mut router.to_settle);
+                held.extend(router.active.drain().map(|id| (id, LeadState::Received)));
+                let routing = router.routing.clone();
+                async move {
+                    if held.is_empty() {
+                        return;
+                    }
+                    match routing.store.settle_leads(&routing.instance_id, &held).await {
+                        Ok(count) => tracing::info!(count, "leases released at shutdown"),
+                        Err(error) => tracing::error!(%error, "could not release leases at shutdown; they run out instead"),
+                    }
+                }
+                .into_actor(router)
+            }),
+        )
     }
 }

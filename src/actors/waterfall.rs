@@ -5,9 +5,13 @@
 //! settles in groups) and stops. It holds nothing that is not in
 //! the database: a waterfall that dies leaves a lease that runs out, and
 //! the router's sweep starts the lead again (already-rejected buyers and
-//! already-posted buyers are not offered it twice).
+//! already-posted buyers are not offered it twice). A lead picked up again
+//! first has its interrupted calls settled: an `in_flight` post becomes a
+//! timeout (lead `unknown`, never re-sent), an `in_flight` ping an error
+//! (the walk goes on).
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +21,7 @@ use entity::{attempt, lead};
 use serde_json::Value;
 
 use super::buyer::{Buyer, OfferLead, Offered};
+use super::supervision::guarded;
 use crate::alerts::{self, AlertKind};
 use crate::buyer::request::{LeadOffer, PingResult};
 use crate::buyer::{CallKind, CallOutcome, SkipReason};
@@ -39,6 +44,8 @@ pub struct RoutingContext {
     pub lease: Duration,
     pub reserve_price: Option<f64>,
     pub instance_id: Arc<str>,
+    /// Set at shutdown: waterfalls stop before their next buyer.
+    pub draining: Arc<AtomicBool>,
 }
 
 /// Sent to the router when a waterfall ends; `state` is the lead's final
@@ -79,7 +86,7 @@ impl Actor for Waterfall {
         let routing = self.routing.clone();
         let lead_id = self.lead_id.clone();
         ctx.spawn(
-            async move {
+            guarded::<Self, _>("waterfall", async move {
                 match route(&routing, &lead_id).await {
                     Ok(Some(state)) => {
                         tracing::info!(%lead_id, state = state.as_str(), "lead routed");
@@ -89,15 +96,15 @@ impl Actor for Waterfall {
                         tracing::warn!(%lead_id, "claimed lead not found");
                         None
                     }
+                    Err(RouteError::ShuttingDown) => None,
                     Err(error) => {
-                        tracing::error!(%lead_id, %error, "routing stopped; the lease will run out and the lead be routed again");
+                        tracing::error!(%lead_id, %error, "routing stopped; the lead is released and routed again");
                         None
                     }
                 }
-            }
-            .into_actor(self)
+            })
             .map(|outcome, waterfall, ctx| {
-                waterfall.outcome = outcome;
+                waterfall.outcome = outcome.flatten();
                 ctx.stop()
             }),
         );
@@ -123,6 +130,10 @@ enum RouteError {
     NotRecorded,
     #[error("the lease was lost to another instance")]
     LeaseLost,
+    #[error("the buyer actor crashed during the call")]
+    BuyerCrashed,
+    #[error("shutting down")]
+    ShuttingDown,
 }
 
 /// Routes a lead the router claimed for us; `None` when it vanished.
@@ -131,6 +142,13 @@ async fn route(routing: &RoutingContext, lead_id: &str) -> Result<Option<LeadSta
     let Some(row) = store.find_lead(lead_id).await? else {
         return Ok(None);
     };
+    let (posts, _) = store.settle_interrupted_attempts(lead_id).await?;
+    if posts > 0 {
+        let message = format!(
+            "a post of lead {lead_id} was in flight when routing stopped: lead unknown, not re-sent"
+        );
+        alerts::raise(store, AlertKind::PostTimeout, None, Some(lead_id), &message).await;
+    }
     let history = store.attempts_of(lead_id).await?;
     if let Some(state) = settled_by_history(store, lead_id, &history).await? {
         return Ok(Some(state));
@@ -156,8 +174,7 @@ async fn settled_by_history(
     if !store.sales_of(&[lead_id.to_string()]).await?.is_empty() {
         return Ok(Some(LeadState::Sold));
     }
-    let unanswered_post =
-        posts.any(|attempt| matches!(attempt.outcome.as_str(), "timeout" | "in_flight"));
+    let unanswered_post = posts.any(|attempt| attempt.outcome == "timeout");
     Ok(unanswered_post.then_some(LeadState::Unknown))
 }
 
@@ -190,6 +207,9 @@ async fn walk(
         let settings = &buyer.settings;
         if finished.contains(&settings.id) {
             continue;
+        }
+        if routing.draining.load(Ordering::Relaxed) {
+            return Err(RouteError::ShuttingDown);
         }
         let skip = |reason: SkipReason| {
             let attempt = NewAttempt {
@@ -242,6 +262,7 @@ async fn walk(
                     };
                 }
                 Offered::NotRecorded => return Err(RouteError::NotRecorded),
+                Offered::Crashed => return Err(RouteError::BuyerCrashed),
                 Offered::Called(_) | Offered::Skipped(_) => continue,
             }
             let floor = settings
@@ -286,6 +307,7 @@ async fn walk(
                 CallOutcome::Rejected | CallOutcome::Error => continue,
             },
             Offered::NotRecorded => return Err(RouteError::NotRecorded),
+            Offered::Crashed => return Err(RouteError::BuyerCrashed),
             Offered::Skipped(_) => continue,
         }
     }

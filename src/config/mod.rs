@@ -60,6 +60,39 @@ pub struct Settings {
     pub notify: Vec<NotifySettings>,
     #[serde(default)]
     pub events: Vec<EventSettings>,
+    #[serde(default)]
+    pub supervision: SupervisionSettings,
+    #[serde(default)]
+    pub faults: FaultSettings,
+}
+
+/// Restart intensity, as in OTP: more than `max_restarts` actor restarts
+/// within `period` stop the service (loudly) instead of restarting forever.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SupervisionSettings {
+    pub max_restarts: u32,
+    #[serde(with = "humantime_serde")]
+    pub period: Duration,
+}
+
+impl Default for SupervisionSettings {
+    fn default() -> Self {
+        Self {
+            max_restarts: 5,
+            period: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Fault injection for tests of supervision; empty (off) by default and
+/// never needed in production.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FaultSettings {
+    /// Buyer id -> how many of that buyer's calls panic (after the attempt
+    /// row is written, before the request is sent).
+    pub buyer_panics: BTreeMap<String, u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

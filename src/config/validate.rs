@@ -2,6 +2,7 @@
 //! well-formed URLs, accept rules and schedules.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use super::{AcceptRule, BuyerSettings, Problem, Settings, SourceKind};
 
@@ -117,6 +118,23 @@ pub fn check(settings: &Settings) -> Vec<Problem> {
                 format!("unknown event {name:?}; known: {}", KNOWN_EVENTS.join(", ")),
             );
         }
+    }
+    for buyer_id in settings.faults.buyer_panics.keys() {
+        if !buyer_ids.contains(buyer_id.as_str()) {
+            problem(
+                format!("faults.buyer_panics.{buyer_id}"),
+                format!("no buyer has id {buyer_id:?}"),
+            );
+        }
+    }
+    if settings.supervision.period.is_zero() {
+        problem("supervision.period".into(), "must be longer than 0s".into());
+    }
+    if settings.routing.lease < Duration::from_secs(1) {
+        problem(
+            "routing.lease".into(),
+            "must be at least 1s (it is renewed every third of it)".into(),
+        );
     }
     problems
 }

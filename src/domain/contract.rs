@@ -114,6 +114,21 @@ impl Contract {
         }
     }
 
+    /// The contract of a lead held in the spool (the database was
+    /// unreachable): safe on disk, so `pending`; an invalid one still 422.
+    pub fn spooled(submission_id: String, errors: Vec<FieldError>) -> Self {
+        let state = if errors.is_empty() {
+            LeadState::Received
+        } else {
+            LeadState::Invalid
+        };
+        Self {
+            acceptance: Acceptance::Pending,
+            accepted: false,
+            ..Self::for_stored(submission_id, state, None, errors, true)
+        }
+    }
+
     /// The contract when the request could not be retained.
     pub fn failed(submission_id: String) -> Self {
         Self {

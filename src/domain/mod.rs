@@ -1,6 +1,7 @@
 //! The lead's vocabulary: states, the acceptance contract, and turning a
 //! request body into normalised fields and attribution.
 
+pub mod base64_bytes;
 mod contract;
 mod normalize;
 mod payload;

@@ -16,31 +16,34 @@ impl FromRequest for Admin {
     type Future = Ready<Result<Self, ApiError>>;
 
     fn from_request(request: &HttpRequest, _: &mut Payload) -> Self::Future {
-        ready(check(request))
+        ready(Admin::check(request))
     }
 }
 
-fn check(request: &HttpRequest) -> Result<Admin, ApiError> {
-    let state = request
-        .app_data::<web::Data<AppState>>()
-        .ok_or_else(|| ApiError::Unauthorized("admin API not configured".into()))?;
-    let Some(expected) = &state.settings.server.admin_token else {
-        return Err(ApiError::Unauthorized(
-            "the admin API is disabled: set server.admin_token".into(),
-        ));
-    };
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .unwrap_or_default();
-    if secrets_equal(presented, expected.expose()) {
-        Ok(Admin)
-    } else {
-        Err(ApiError::Unauthorized(
-            "missing or wrong admin token (Authorization: Bearer ...)".into(),
-        ))
+impl Admin {
+    /// Checks the request's bearer token against `server.admin_token`.
+    pub fn check(request: &HttpRequest) -> Result<Admin, ApiError> {
+        let state = request
+            .app_data::<web::Data<AppState>>()
+            .ok_or_else(|| ApiError::Unauthorized("admin API not configured".into()))?;
+        let Some(expected) = &state.settings.server.admin_token else {
+            return Err(ApiError::Unauthorized(
+                "the admin API is disabled: set server.admin_token".into(),
+            ));
+        };
+        let presented = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if secrets_equal(presented, expected.expose()) {
+            Ok(Admin)
+        } else {
+            Err(ApiError::Unauthorized(
+                "missing or wrong admin token (Authorization: Bearer ...)".into(),
+            ))
+        }
     }
 }
 

@@ -1,6 +1,8 @@
 //! `GET /v1/buyers` (each buyer's circuit, load and recent outcomes) and
 //! `POST /v1/buyers/{id}/circuit` (an operator opens or closes a circuit).
 
+use std::collections::HashMap;
+
 use actix_web::{web, HttpResponse};
 use chrono::{DateTime, Timelike, Utc};
 use serde::{Deserialize, Serialize};
@@ -29,9 +31,29 @@ pub async fn list(_: Admin, state: web::Data<AppState>) -> Result<HttpResponse, 
 /// Every configured buyer as `/v1/buyers` and `/v1/status` show it.
 pub async fn buyer_views(state: &AppState) -> Result<Vec<BuyerView>, ApiError> {
     let now = Utc::now();
-    let mut sold = state.store.sales_by_buyer(start_of_day(now)).await?;
-    let mut counts = state.store.outcome_counts(now - RECENT).await?;
-    Ok(state
+    let sold = state.store.sales_by_buyer(start_of_day(now)).await?;
+    let counts = state.store.outcome_counts(now - RECENT).await?;
+    Ok(assemble(state, sold, counts))
+}
+
+/// As [`buyer_views`], but while the database is down still the live part
+/// (circuits, load) with zero counts; second: "ok" or "unreachable".
+pub async fn live_buyer_views(state: &AppState) -> (Vec<BuyerView>, &'static str) {
+    match buyer_views(state).await {
+        Ok(views) => (views, "ok"),
+        Err(_) => (
+            assemble(state, HashMap::new(), HashMap::new()),
+            "unreachable",
+        ),
+    }
+}
+
+fn assemble(
+    state: &AppState,
+    mut sold: HashMap<String, u64>,
+    mut counts: HashMap<String, OutcomeCounts>,
+) -> Vec<BuyerView> {
+    state
         .settings
         .buyers
         .iter()
@@ -41,7 +63,7 @@ pub async fn buyer_views(state: &AppState) -> Result<Vec<BuyerView>, ApiError> {
             counts: counts.remove(&status.id).unwrap_or_default(),
             status,
         })
-        .collect())
+        .collect()
 }
 
 fn start_of_day(now: DateTime<Utc>) -> DateTime<Utc> {

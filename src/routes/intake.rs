@@ -3,6 +3,7 @@
 //! Nothing here waits for a buyer.
 
 use std::net::IpAddr;
+use std::sync::atomic::Ordering;
 
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -277,9 +278,22 @@ fn build_lead(
 }
 
 /// Hands the lead to the `Intake` actor; if it cannot be stored, `failed`.
+/// A replay of a lead still in the spool gets the spooled contract; while
+/// shutting down every lead is refused (`failed`, to be sent again).
 async fn store_lead(state: &AppState, lead: NewLead) -> Contract {
     let lead_id = lead.id.clone();
     let source = lead.source_id.clone();
+    if state.tree.draining.load(Ordering::Relaxed) {
+        tracing::warn!(%lead_id, %source, "lead refused: shutting down");
+        return Contract::failed(lead_id);
+    }
+    let spooled = lead
+        .idempotency_key
+        .as_deref()
+        .and_then(|key| state.tree.spool.replay_of(&source, key));
+    if let Some(contract) = spooled {
+        return contract;
+    }
     match state.tree.intake.send(SubmitLead { lead }).await {
         Ok(Ok(contract)) => {
             tracing::info!(

@@ -16,11 +16,16 @@ use crate::store::{contract_of_row, LeadFilter, LeadPage};
 const DEFAULT_PAGE: u64 = 50;
 const MAX_PAGE: u64 = 500;
 
-/// `GET /v1/leads/{id}/status`: public, so only the contract.
+/// `GET /v1/leads/{id}/status`: public, so only the contract (also of a
+/// lead still in the spool).
 pub async fn status(
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
+    // A spooled lead is not in the database yet (which may be down).
+    if let Some(contract) = state.tree.spool.contract_of(&path) {
+        return Ok(HttpResponse::Ok().json(contract));
+    }
     let row = find(&state, &path).await?;
     Ok(HttpResponse::Ok().json(contract_of_row(&row, state.awaiting_required_notify())))
 }

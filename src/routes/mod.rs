@@ -8,6 +8,7 @@ mod form_page;
 mod health;
 mod intake;
 mod leads;
+mod status;
 
 use std::sync::Arc;
 
@@ -53,6 +54,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/leads/{id}", web::get().to(leads::show))
         .route("/v1/leads/{id}/status", web::get().to(leads::status))
         .route("/v1/review", web::get().to(leads::review))
+        .route("/v1/status", web::get().to(status::status))
         .route("/v1/buyers", web::get().to(buyers::list))
         .route(
             "/v1/buyers/{id}/circuit",

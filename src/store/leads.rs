@@ -16,13 +16,15 @@ use serde_json::{Map, Value};
 use super::Store;
 use crate::domain::{Contract, FieldError, LeadState};
 
-/// A lead as intake built it, before the database has seen it.
-#[derive(Debug, Clone)]
+/// A lead as intake built it, before the database has seen it (and as the
+/// spool keeps it while the database is unreachable).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct NewLead {
     pub id: String,
     pub source_id: String,
     pub idempotency_key: Option<String>,
     pub external_id: Option<String>,
+    #[serde(with = "crate::domain::base64_bytes")]
     pub raw: Vec<u8>,
     pub raw_content_type: String,
     pub remote_ip: Option<String>,
@@ -428,6 +430,38 @@ pub fn contract_of_row(row: &lead::Model, awaiting_required_notify: bool) -> Con
 }
 
 impl Store {
+    /// Which of these lead ids have a row.
+    pub async fn existing_lead_ids(&self, lead_ids: &[String]) -> Result<HashSet<String>, DbErr> {
+        let mut found = HashSet::new();
+        for chunk in lead_ids.chunks(500) {
+            let ids: Vec<String> = lead::Entity::find()
+                .select_only()
+                .column(lead::Column::Id)
+                .filter(lead::Column::Id.is_in(chunk.iter().map(String::as_str)))
+                .into_tuple()
+                .all(&self.db)
+                .await?;
+            found.extend(ids);
+        }
+        Ok(found)
+    }
+
+    /// How many leads are in each state.
+    pub async fn lead_counts(&self) -> Result<HashMap<String, u64>, DbErr> {
+        let rows: Vec<(String, i64)> = lead::Entity::find()
+            .select_only()
+            .column(lead::Column::State)
+            .column_as(lead::Column::Id.count(), "leads")
+            .group_by(lead::Column::State)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(state, count)| (state, count as u64))
+            .collect())
+    }
+
     /// The sale of each lead in `lead_ids` that has one.
     pub async fn sales_of(
         &self,

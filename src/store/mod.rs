@@ -83,6 +83,29 @@ impl Store {
     }
 }
 
+/// True when the error says the database could not be reached (no
+/// connection, a connection lost, the pool gave up), rather than that it
+/// refused a statement: the lead may go to the spool and be retried.
+pub fn is_unreachable(error: &DbErr) -> bool {
+    use sea_orm::sqlx::Error as SqlxError;
+    use sea_orm::RuntimeErr;
+    match error {
+        DbErr::ConnectionAcquire(_) | DbErr::Conn(_) => true,
+        DbErr::Exec(RuntimeErr::SqlxError(cause)) | DbErr::Query(RuntimeErr::SqlxError(cause)) => {
+            matches!(
+                cause.as_ref(),
+                SqlxError::Io(_)
+                    | SqlxError::Tls(_)
+                    | SqlxError::Protocol(_)
+                    | SqlxError::PoolTimedOut
+                    | SqlxError::PoolClosed
+                    | SqlxError::WorkerCrashed
+            )
+        }
+        _ => false,
+    }
+}
+
 /// `sqlite://data/x.db?mode=rwc` needs `data/` to exist before it can create the file.
 fn create_sqlite_parent_dir(url: &str) {
     let path = url

@@ -8,9 +8,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use entity::{alert, attempt, lead, sale};
 use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::sea_query::{LockBehavior, LockType};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, DbErr, EntityTrait, PaginatorTrait, QueryFilter,
-    QueryOrder, QuerySelect, TransactionTrait,
+    QueryOrder, QuerySelect, QueryTrait, TransactionTrait,
 };
 use serde_json::Value;
 
@@ -96,9 +97,7 @@ fn lease_end(lease: Duration) -> DateTime<Utc> {
 
 impl Store {
     /// Takes these leads for routing where they wait (or their lease ran
-    /// out), in one conditional UPDATE: atomic on SQLite and PostgreSQL
-    /// alike, so two instances never hold the same lead. Returns the ids now
-    /// held by `owner`.
+    /// out). Returns the ids now held by `owner`.
     pub async fn claim_leads(
         &self,
         lead_ids: &[String],
@@ -108,10 +107,45 @@ impl Store {
         if lead_ids.is_empty() {
             return Ok(Vec::new());
         }
+        let ids = lead_ids.iter().map(String::as_str);
+        let pick = lead::Entity::find().filter(lead::Column::Id.is_in(ids));
+        self.claim(pick, lead_ids.len() as u64, owner, lease).await
+    }
+
+    /// The reconciliation sweep: takes up to `limit` of the oldest leads in
+    /// `received`, or in `routing` with a lease that ran out.
+    pub async fn claim_waiting(
+        &self,
+        limit: u64,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Vec<String>, DbErr> {
+        self.claim(lead::Entity::find(), limit, owner, lease).await
+    }
+
+    /// One atomic claim: `UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP
+    /// LOCKED)` on PostgreSQL, so instances claiming at once skip each
+    /// other's rows instead of queueing on them; on SQLite (one writer at a
+    /// time, and sea-query drops the lock clause) the conditional UPDATE is
+    /// atomic by itself. Either way the UPDATE re-checks that each lead is
+    /// still waiting, and we read back what carries our owner and lease end.
+    async fn claim(
+        &self,
+        pick: sea_orm::Select<lead::Entity>,
+        limit: u64,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Vec<String>, DbErr> {
         let now = Utc::now();
         let until = lease_end(lease);
-        let claimable = waiting_to_be_routed(now);
-        let ids = || lead_ids.iter().map(String::as_str);
+        let candidates = pick
+            .select_only()
+            .column(lead::Column::Id)
+            .filter(waiting_to_be_routed(now))
+            .order_by_asc(lead::Column::ReceivedAt)
+            .limit(limit)
+            .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+            .into_query();
         lead::Entity::update_many()
             .col_expr(
                 lead::Column::State,
@@ -120,20 +154,67 @@ impl Store {
             .col_expr(lead::Column::LeaseOwner, Expr::value(owner))
             .col_expr(lead::Column::LeaseUntil, Expr::value(until))
             .col_expr(lead::Column::UpdatedAt, Expr::value(now))
-            .filter(lead::Column::Id.is_in(ids()))
-            .filter(claimable)
+            .filter(lead::Column::Id.in_subquery(candidates))
+            .filter(waiting_to_be_routed(now))
             .exec(&self.db)
             .await?;
         lead::Entity::find()
             .select_only()
             .column(lead::Column::Id)
-            .filter(lead::Column::Id.is_in(ids()))
             .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
             .filter(lead::Column::LeaseOwner.eq(owner))
             .filter(lead::Column::LeaseUntil.eq(until))
             .into_tuple()
             .all(&self.db)
             .await
+    }
+
+    /// Extends our leases on the leads we are routing (a heartbeat, so a
+    /// lease can be shorter than a buyer's timeouts). Returns how many we
+    /// still hold.
+    pub async fn renew_leases(
+        &self,
+        lead_ids: &[String],
+        owner: &str,
+        lease: Duration,
+    ) -> Result<u64, DbErr> {
+        let mut held = 0;
+        for chunk in lead_ids.chunks(500) {
+            held += lead::Entity::update_many()
+                .col_expr(lead::Column::LeaseUntil, Expr::value(lease_end(lease)))
+                .filter(lead::Column::Id.is_in(chunk.iter().map(String::as_str)))
+                .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
+                .filter(lead::Column::LeaseOwner.eq(owner))
+                .exec(&self.db)
+                .await?
+                .rows_affected;
+        }
+        Ok(held)
+    }
+
+    /// Settles the attempts of a lead that were `in_flight` when the
+    /// instance routing it stopped: a post becomes `timeout` (it may have
+    /// been accepted: the lead goes to `unknown`, never re-sent), any other
+    /// call an `error` (abandoned; the waterfall goes on). Reason
+    /// `interrupted`. Returns (posts, other calls) settled.
+    pub async fn settle_interrupted_attempts(&self, lead_id: &str) -> Result<(u64, u64), DbErr> {
+        let settle = |posts: bool, outcome: &'static str| {
+            let kind = if posts {
+                attempt::Column::Kind.eq("post")
+            } else {
+                attempt::Column::Kind.ne("post")
+            };
+            attempt::Entity::update_many()
+                .col_expr(attempt::Column::Outcome, Expr::value(outcome))
+                .col_expr(attempt::Column::Reason, Expr::value("interrupted"))
+                .filter(attempt::Column::LeadId.eq(lead_id))
+                .filter(attempt::Column::Outcome.eq("in_flight"))
+                .filter(kind)
+                .exec(&self.db)
+        };
+        let posts = settle(true, "timeout").await?.rows_affected;
+        let others = settle(false, "error").await?.rows_affected;
+        Ok((posts, others))
     }
 
     /// Extends our lease; false when another instance took the lead over.
@@ -192,20 +273,6 @@ impl Store {
         }
         txn.commit().await?;
         Ok(changed)
-    }
-
-    /// Leads waiting to be routed (or whose lease ran out), oldest first.
-    pub async fn routable_leads(&self, limit: u64) -> Result<Vec<String>, DbErr> {
-        let waiting = waiting_to_be_routed(Utc::now());
-        lead::Entity::find()
-            .select_only()
-            .column(lead::Column::Id)
-            .filter(waiting)
-            .order_by_asc(lead::Column::ReceivedAt)
-            .limit(limit)
-            .into_tuple()
-            .all(&self.db)
-            .await
     }
 
     /// Puts back to `received` the unsold leads (arrived after `since`) that

@@ -24,6 +24,12 @@ pub enum Answer {
     Hang,
     /// A custom body, HTTP 200.
     Body(&'static str),
+    /// Accepts about `accept_rate` of the calls, rejects the rest, each
+    /// after a random delay up to `max_delay`.
+    Coin {
+        accept_rate: f64,
+        max_delay: Duration,
+    },
 }
 
 pub fn accept() -> Answer {
@@ -83,6 +89,21 @@ impl TestBuyer {
         *self.script.post.lock().unwrap() = answer;
     }
 
+    pub fn set_ping(&self, answer: Answer) {
+        *self.script.ping.lock().unwrap() = answer;
+    }
+
+    /// How many calls of `kind` each lead got (by the body's `lead_id`).
+    pub fn calls_per_lead(&self, kind: &str) -> std::collections::HashMap<String, usize> {
+        let mut counts = std::collections::HashMap::new();
+        for call in self.calls(kind) {
+            let body: serde_json::Value = serde_json::from_str(&call.body).unwrap_or_default();
+            let lead_id = body["lead_id"].as_str().unwrap_or_default().to_string();
+            *counts.entry(lead_id).or_insert(0) += 1;
+        }
+        counts
+    }
+
     pub fn calls(&self, kind: &str) -> Vec<Call> {
         self.script
             .calls
@@ -116,10 +137,23 @@ async fn answer(
         content_type: header("content-type"),
         body: String::from_utf8_lossy(&body).into_owned(),
     });
-    let answer = match kind.as_str() {
+    let mut answer = match kind.as_str() {
         "ping" => script.ping.lock().unwrap().clone(),
         _ => script.post.lock().unwrap().clone(),
     };
+    if let Answer::Coin {
+        accept_rate,
+        max_delay,
+    } = answer
+    {
+        let delay = max_delay.mul_f64(fastrand::f64());
+        answer = if fastrand::f64() < accept_rate {
+            Answer::Accept { delay }
+        } else {
+            actix_web::rt::time::sleep(delay).await;
+            Answer::Reject
+        };
+    }
     match answer {
         Answer::Accept { delay } => {
             actix_web::rt::time::sleep(delay).await;
@@ -142,6 +176,7 @@ async fn answer(
             unreachable!()
         }
         Answer::Body(text) => HttpResponse::Ok().body(text),
+        Answer::Coin { .. } => unreachable!("decided above"),
     }
 }
 

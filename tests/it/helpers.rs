@@ -15,15 +15,10 @@ use serde_json::Value;
 pub const ADMIN_TOKEN: &str = "test-admin-token";
 pub const PARTNER_KEY: &str = "partner-key-0123456789";
 
-/// The configuration every test starts from; tests adjust it with `spawn_app_with`.
-pub const BASE_CONFIG: &str = r#"
-[routing]
-sweep_interval = "200ms"
-
-[server]
-admin_token = "test-admin-token"
-max_body_bytes = 4096
-
+/// The test sources, shared by in-process and child-process configurations.
+macro_rules! sources_toml {
+    () => {
+        r#"
 [[sources]]
 id = "website"
 kind = "form"
@@ -36,7 +31,25 @@ kind = "feed"
 api_key = "partner-key-0123456789"
 external_id = "lead_id"
 required = ["email"]
-"#;
+"#
+    };
+}
+
+/// The `[[sources]]` of every test configuration.
+pub const SOURCES: &str = sources_toml!();
+
+/// The configuration every test starts from; tests adjust it with `spawn_app_with`.
+pub const BASE_CONFIG: &str = concat!(
+    r#"
+[routing]
+sweep_interval = "200ms"
+
+[server]
+admin_token = "test-admin-token"
+max_body_bytes = 4096
+"#,
+    sources_toml!()
+);
 
 /// Runs each named `async fn(Backend)` as two tests: `NAME::sqlite` and `NAME::postgres`.
 #[macro_export]
@@ -73,12 +86,14 @@ pub async fn close_stores() {
     }
 }
 
-/// A running leadrouter on a loopback port with its own database.
+/// A running leadrouter on a loopback port with its own database: in this
+/// process, or (see `process`) a child process.
 pub struct TestApp {
     pub address: String,
     pub store: Store,
     pub client: awc::Client,
-    _database: TestDatabase,
+    _database: Option<TestDatabase>,
+    _spool: Option<tempfile::TempDir>,
 }
 
 pub async fn spawn_app(backend: Backend) -> TestApp {
@@ -92,20 +107,48 @@ pub async fn spawn_app_with(backend: Backend, extra: &str) -> TestApp {
     let mut settings = test_settings(extra);
     settings.database.url = config::Secret::new(database.url.clone());
     settings.server.listen = "127.0.0.1:0".into();
+    let spool = tempfile::tempdir().expect("spool dir");
+    settings.intake.spool_dir = spool.path().to_path_buf();
     let application = Application::build(settings).await.expect("app builds");
     let address = format!("http://127.0.0.1:{}", application.port());
     let store = application.store().clone();
     OPEN_STORES.with(|stores| stores.borrow_mut().push(store.clone()));
     actix_web::rt::spawn(application.run_until_stopped());
     TestApp {
-        address,
-        store,
-        client: awc::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .disable_redirects()
-            .finish(),
-        _database: database,
+        _database: Some(database),
+        _spool: Some(spool),
+        ..TestApp::at(address, store)
     }
+}
+
+impl TestApp {
+    /// A client for a leadrouter at `address` whose database the test
+    /// reads through `store`.
+    pub fn at(address: String, store: Store) -> Self {
+        TestApp {
+            address,
+            store,
+            client: awc::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .disable_redirects()
+                .finish(),
+            _database: None,
+            _spool: None,
+        }
+    }
+}
+
+/// Connects the test to a database a child process uses; closed after the test.
+pub async fn open_store(url: &str) -> Store {
+    let settings = config::DatabaseSettings {
+        url: config::Secret::new(url.to_string()),
+        ..Default::default()
+    };
+    let store = Store::connect(&settings)
+        .await
+        .expect("test connects to the database");
+    OPEN_STORES.with(|stores| stores.borrow_mut().push(store.clone()));
+    store
 }
 
 /// Secrets test configurations may reference as `${NAME}`.
@@ -175,6 +218,11 @@ impl TestApp {
             .insert_header(("Content-Type", "application/json"))
             .insert_header(("X-Api-Key", PARTNER_KEY));
         self.send(request, serde_json::to_vec(body).unwrap()).await
+    }
+
+    /// As [`TestApp::post_feed_lead`], owning the body (for `join_all`).
+    pub async fn post_feed_lead_owned(&self, body: Value) -> Answer {
+        self.post_feed_lead(&body).await
     }
 
     pub async fn admin_get(&self, path: &str) -> Answer {

@@ -4,9 +4,11 @@
 
 mod buyers;
 mod helpers;
+mod process;
 mod scratch_db;
 
 mod config;
 mod intake;
 mod reads;
+mod recovery;
 mod routing;

@@ -1,0 +1,495 @@
+//! Nothing lost (SPEC sections 2 and 9), shown with the real binary as a
+//! child process: `kill -9` after a burst and during a post, a buyer actor
+//! that panics, restart intensity, SIGTERM, a database outage through a
+//! proxy the test cuts (the spool), and two instances on one PostgreSQL.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use entity::{alert, attempt, lead, sale};
+use futures_util::future::join_all;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use serde_json::{json, Value};
+
+use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
+use crate::helpers::{wait_until, Backend, TestApp, TestDatabase};
+use crate::on_both_databases;
+use crate::process::{journals_in, server_of, through, Service, ServiceConfig, TcpProxy};
+
+on_both_databases!(
+    kill_9_after_a_burst_loses_no_acknowledged_lead,
+    kill_9_during_a_post_leaves_the_lead_unknown_and_never_resends,
+    a_panicking_buyer_actor_is_restarted_and_its_lead_finished,
+    sigterm_refuses_leads_releases_leases_and_exits_zero,
+);
+
+const FINAL_STATES: [&str; 3] = ["sold", "unsold", "unknown"];
+
+/// A feed lead with its own key and email (so no two are the same person).
+fn feed_lead(key: &str) -> Value {
+    json!({"lead_id": key, "email": format!("{key}@example.com"), "state": "CA", "zip": "94105"})
+}
+
+async fn leads_in(app: &TestApp) -> Vec<lead::Model> {
+    lead::Entity::find()
+        .all(app.store.connection())
+        .await
+        .expect("leads read")
+}
+
+async fn attempts_of(app: &TestApp, lead_id: &str) -> Vec<attempt::Model> {
+    app.store.attempts_of(lead_id).await.expect("attempts read")
+}
+
+/// Waits until every lead in the database is in a final state.
+async fn wait_all_final(app: &TestApp, expected: usize) {
+    wait_until(
+        "every lead to be final",
+        Duration::from_secs(60),
+        || async {
+            let leads = leads_in(app).await;
+            leads.len() == expected
+                && leads
+                    .iter()
+                    .all(|lead| FINAL_STATES.contains(&lead.state.as_str()))
+        },
+    )
+    .await;
+}
+
+async fn kill_9_after_a_burst_loses_no_acknowledged_lead(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
+    let buyer = TestBuyer::start(
+        Answer::Accept {
+            delay: Duration::from_millis(150),
+        },
+        accept(),
+    );
+    let buyer_toml = BuyerConfig {
+        extra: "max_concurrency = 100",
+        ..BuyerConfig::new("acme", 1)
+    }
+    .toml(&buyer.base);
+    let config = ServiceConfig::write(&database.url, "2s", &buyer_toml);
+    let mut service = Service::start(&config).await;
+
+    let answers = join_all((0..80).map(|n| {
+        let lead = feed_lead(&format!("burst-{n}"));
+        let app = &service.app;
+        async move { app.post_feed_lead(&lead).await }
+    }))
+    .await;
+    service.kill_9();
+    let acknowledged: HashSet<String> = answers
+        .iter()
+        .filter(|answer| answer.json()["server_recorded"] == true)
+        .map(|answer| answer.json()["submission_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        acknowledged.len(),
+        80,
+        "every lead of the burst was acknowledged"
+    );
+
+    let service = Service::start(&config).await;
+    wait_all_final(&service.app, 80).await;
+    let leads = leads_in(&service.app).await;
+    let stored: HashSet<String> = leads.iter().map(|lead| lead.id.clone()).collect();
+    assert_eq!(
+        stored, acknowledged,
+        "each acknowledged lead stored exactly once"
+    );
+
+    let posts = buyer.calls_per_lead("post");
+    assert!(
+        posts.values().all(|&count| count == 1),
+        "no lead posted twice: {posts:?}"
+    );
+    let sales = sale::Entity::find()
+        .all(service.app.store.connection())
+        .await
+        .unwrap();
+    let sold: HashSet<String> = leads
+        .iter()
+        .filter(|lead| lead.state == "sold")
+        .map(|lead| lead.id.clone())
+        .collect();
+    assert_eq!(sales.len(), sold.len(), "one sale per sold lead");
+    for lead in leads.iter().filter(|lead| lead.state == "unknown") {
+        let attempts = attempts_of(&service.app, &lead.id).await;
+        assert!(
+            attempts.iter().any(|attempt| attempt.kind == "post"
+                && attempt.outcome == "timeout"
+                && attempt.reason.as_deref() == Some("interrupted")),
+            "a lead is unknown only because its post was in flight at the kill"
+        );
+    }
+    assert!(!sold.is_empty(), "leads were sold after the restart");
+}
+
+async fn kill_9_during_a_post_leaves_the_lead_unknown_and_never_resends(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
+    let buyer = TestBuyer::start(accept(), Answer::Hang);
+    let buyer_toml = BuyerConfig {
+        ping_timeout: None,
+        post_timeout: "60s",
+        ..BuyerConfig::new("acme", 1)
+    }
+    .toml(&buyer.base);
+    let config = ServiceConfig::write(&database.url, "2s", &buyer_toml);
+    let mut service = Service::start(&config).await;
+    let answer = service.app.post_feed_lead(&feed_lead("hanging-post")).await;
+    let lead_id = answer.json()["submission_id"].as_str().unwrap().to_string();
+    wait_until(
+        "the post to reach the buyer",
+        Duration::from_secs(20),
+        || async { buyer.calls("post").len() == 1 },
+    )
+    .await;
+    service.kill_9();
+
+    let service = Service::start(&config).await;
+    let view = service.app.wait_for_state(&lead_id, "unknown").await;
+    assert_eq!(view["lead_state"], "unknown");
+    assert_eq!(buyer.calls("post").len(), 1, "the post is never re-sent");
+    let attempts = attempts_of(&service.app, &lead_id).await;
+    let post = attempts
+        .iter()
+        .find(|attempt| attempt.kind == "post")
+        .unwrap();
+    assert_eq!(
+        (post.outcome.as_str(), post.reason.as_deref()),
+        ("timeout", Some("interrupted"))
+    );
+    let alerts = alert::Entity::find()
+        .filter(alert::Column::LeadId.eq(lead_id.as_str()))
+        .all(service.app.store.connection())
+        .await
+        .unwrap();
+    assert!(
+        alerts.iter().any(|alert| alert.kind == "post_timeout"),
+        "an alert was raised"
+    );
+}
+
+async fn a_panicking_buyer_actor_is_restarted_and_its_lead_finished(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
+    let buyer = TestBuyer::start(accept(), accept());
+    let extra = format!(
+        "{}\n[faults]\nbuyer_panics = {{ acme = 1 }}\n",
+        BuyerConfig::new("acme", 1).toml(&buyer.base)
+    );
+    let config = ServiceConfig::write(&database.url, "2s", &extra);
+    let mut service = Service::start(&config).await;
+    let answer = service.app.post_feed_lead(&feed_lead("panics-once")).await;
+    let lead_id = answer.json()["submission_id"].as_str().unwrap().to_string();
+
+    service.app.wait_for_state(&lead_id, "sold").await;
+    let log = service.log();
+    assert!(
+        log.contains("injected fault"),
+        "the buyer actor panicked:\n{log}"
+    );
+    assert!(
+        log.contains("actor restarted"),
+        "the restart was logged:\n{log}"
+    );
+    let attempts = attempts_of(&service.app, &lead_id).await;
+    let outcomes: Vec<(&str, &str)> = attempts
+        .iter()
+        .map(|attempt| (attempt.kind.as_str(), attempt.outcome.as_str()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("ping", "error"),
+            ("ping", "accepted"),
+            ("post", "accepted")
+        ],
+        "the interrupted ping was settled, then the restarted actor sold the lead"
+    );
+    assert_eq!(attempts[0].reason.as_deref(), Some("interrupted"));
+    assert_eq!(buyer.calls("post").len(), 1);
+
+    // The restarted actor goes on working.
+    let answer = service
+        .app
+        .post_feed_lead(&feed_lead("after-restart"))
+        .await;
+    let next = answer.json()["submission_id"].as_str().unwrap().to_string();
+    service.app.wait_for_state(&next, "sold").await;
+    assert!(service.child_is_running(), "the service kept running");
+}
+
+#[actix_web::test]
+async fn exceeding_the_restart_intensity_stops_the_service_loudly() {
+    let database = TestDatabase::create(Backend::Sqlite).await;
+    let buyer = TestBuyer::start(accept(), accept());
+    let extra = format!(
+        "{}\n[faults]\nbuyer_panics = {{ acme = 1000 }}\n[supervision]\nmax_restarts = 2\nperiod = \"1m\"\n",
+        BuyerConfig::new("acme", 1).toml(&buyer.base)
+    );
+    let config = ServiceConfig::write(&database.url, "1s", &extra);
+    let mut service = Service::start(&config).await;
+    let answer = service
+        .app
+        .post_feed_lead(&feed_lead("always-panics"))
+        .await;
+    let lead_id = answer.json()["submission_id"].as_str().unwrap().to_string();
+
+    let status = service.exit_status(Duration::from_secs(30)).await;
+    assert!(!status.success(), "an escalation exits non-zero: {status}");
+    assert!(
+        service.log().contains("restart intensity exceeded"),
+        "{}",
+        service.log()
+    );
+    let stored = service.app.store.find_lead(&lead_id).await.unwrap();
+    assert!(stored.is_some(), "the lead is still stored");
+    crate::helpers::close_stores().await;
+}
+
+async fn sigterm_refuses_leads_releases_leases_and_exits_zero(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
+    let slow = TestBuyer::start(Answer::Hang, accept());
+    let good = TestBuyer::start(accept(), accept());
+    let extra = format!(
+        "{}{}",
+        BuyerConfig {
+            ping_timeout: Some("60s"),
+            ..BuyerConfig::new("slow", 1)
+        }
+        .toml(&slow.base),
+        BuyerConfig::new("good", 2).toml(&good.base)
+    );
+    let config = ServiceConfig::write(&database.url, "3s", &extra);
+    let mut service = Service::start(&config).await;
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let answer = service
+            .app
+            .post_feed_lead(&feed_lead(&format!("term-{n}")))
+            .await;
+        ids.push(answer.json()["submission_id"].as_str().unwrap().to_string());
+    }
+    wait_until(
+        "the slow buyer to hold three pings",
+        Duration::from_secs(20),
+        || async { slow.calls("ping").len() == 3 },
+    )
+    .await;
+
+    service.terminate();
+    wait_until(
+        "readiness to say shutting down",
+        Duration::from_secs(3),
+        || async {
+            let ready = service
+                .app
+                .send(service.app.client.get(service.app.url("/readyz")), "")
+                .await;
+            ready.status == 503 && ready.json()["shutting_down"] == true
+        },
+    )
+    .await;
+    let refused = service.app.post_feed_lead(&feed_lead("too-late")).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.json()["acceptance"], "failed");
+    assert_eq!(refused.json()["server_recorded"], false);
+
+    let status = service.exit_status(Duration::from_secs(10)).await;
+    assert!(
+        status.success(),
+        "SIGTERM exits 0: {status}\n{}",
+        service.log()
+    );
+    for id in &ids {
+        let row = service.app.store.find_lead(id).await.unwrap().unwrap();
+        assert_eq!(row.state, "received", "the lease of {id} was released");
+        assert!(row.lease_owner.is_none());
+    }
+
+    slow.set_ping(Answer::Reject);
+    let service = Service::start(&config).await;
+    for id in &ids {
+        service.app.wait_for_state(id, "sold").await;
+        let attempts = attempts_of(&service.app, id).await;
+        assert!(attempts.iter().any(|attempt| attempt.buyer_id == "slow"
+            && attempt.reason.as_deref() == Some("interrupted")));
+    }
+    assert_eq!(good.calls("post").len(), 3);
+}
+
+#[actix_web::test]
+async fn a_database_outage_spools_leads_and_drains_them_exactly_once() {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let proxy = TcpProxy::start(server_of(&database.url));
+    let buyer = TestBuyer::start(accept(), accept());
+    let buyer_toml = BuyerConfig::new("acme", 1).toml(&buyer.base);
+    let mut config =
+        ServiceConfig::write(&through(&database.url, proxy.address), "2s", &buyer_toml);
+    config.test_database_url = database.url.clone();
+    let service = Service::start(&config).await;
+    let app = &service.app;
+    let before = app.post_feed_lead(&feed_lead("before-outage")).await;
+    app.wait_for_state(before.json()["submission_id"].as_str().unwrap(), "sold")
+        .await;
+
+    proxy.cut();
+    let answers =
+        join_all((0..20).map(|n| app.post_feed_lead_owned(feed_lead(&format!("outage-{n}")))))
+            .await;
+    let mut spooled = Vec::new();
+    for answer in &answers {
+        assert_eq!(answer.status, 202, "{}", answer.text());
+        let contract = answer.json();
+        assert_eq!(contract["acceptance"], "pending");
+        assert_eq!(contract["server_recorded"], true);
+        spooled.push(contract["submission_id"].as_str().unwrap().to_string());
+    }
+    let replay = app.post_feed_lead(&feed_lead("outage-3")).await;
+    assert_eq!(replay.status, 200, "{}", replay.text());
+    assert_eq!(replay.json()["replayed"], true);
+    assert_eq!(replay.json()["submission_id"], spooled[3].as_str());
+    let status = app
+        .send(
+            app.client
+                .get(app.url(&format!("/v1/leads/{}/status", spooled[0]))),
+            "",
+        )
+        .await;
+    assert_eq!(status.json()["acceptance"], "pending", "{}", status.text());
+    let overview = app
+        .send(app.client.get(app.url("/v1/status")), "")
+        .await
+        .json();
+    assert_eq!(overview["spool"]["pending"], 20, "{overview}");
+    assert_eq!(overview["database"], "unreachable");
+    assert!(journals_in(&config.spool_dir()) > 0, "the spool is on disk");
+
+    proxy.restore();
+    wait_until("the spool to drain", Duration::from_secs(30), || async {
+        app.send(app.client.get(app.url("/v1/status")), "")
+            .await
+            .json()["spool"]["pending"]
+            == 0
+    })
+    .await;
+    wait_all_final(app, 21).await;
+    let leads = leads_in(app).await;
+    let keys: HashSet<Option<String>> = leads
+        .iter()
+        .map(|lead| lead.idempotency_key.clone())
+        .collect();
+    assert_eq!(keys.len(), 21, "one lead per key");
+    for id in &spooled {
+        let row = leads
+            .iter()
+            .find(|lead| &lead.id == id)
+            .expect("spooled lead stored under its id");
+        assert_eq!(row.state, "sold");
+    }
+    let posts = buyer.calls_per_lead("post");
+    assert_eq!(posts.len(), 21);
+    assert!(posts.values().all(|&count| count == 1), "{posts:?}");
+    assert_eq!(
+        journals_in(&config.spool_dir()),
+        0,
+        "drained journals are deleted"
+    );
+    assert!(
+        service.log().contains("spool_in_use"),
+        "the spool alert was raised"
+    );
+    crate::helpers::close_stores().await;
+}
+
+#[actix_web::test]
+async fn two_instances_on_one_postgres_route_each_lead_once() {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let coin = Answer::Coin {
+        accept_rate: 0.5,
+        max_delay: Duration::from_millis(80),
+    };
+    let first = TestBuyer::start(coin.clone(), coin.clone());
+    let second = TestBuyer::start(coin.clone(), coin);
+    let extra = format!(
+        "{}{}",
+        BuyerConfig {
+            extra: "max_concurrency = 50",
+            ..BuyerConfig::new("first", 1)
+        }
+        .toml(&first.base),
+        BuyerConfig {
+            extra: "max_concurrency = 50",
+            ..BuyerConfig::new("second", 2)
+        }
+        .toml(&second.base),
+    );
+    let config = ServiceConfig::write(&database.url, "2s", &extra);
+    let one = Service::start(&config).await;
+    let two = Service::start(&config).await;
+
+    let singles = join_all((0..200).map(|n| {
+        let app = if n % 2 == 0 { &one.app } else { &two.app };
+        app.post_feed_lead_owned(feed_lead(&format!("single-{n}")))
+    }));
+    let pairs = join_all((0..50).map(|n| {
+        let lead = feed_lead(&format!("both-{n}"));
+        futures_util::future::join(
+            one.app.post_feed_lead_owned(lead.clone()),
+            two.app.post_feed_lead_owned(lead),
+        )
+    }));
+    let (singles, pairs) = futures_util::future::join(singles, pairs).await;
+    assert!(singles
+        .iter()
+        .all(|answer| answer.json()["server_recorded"] == true));
+    for (a, b) in &pairs {
+        let (a, b) = (a.json(), b.json());
+        assert_eq!(a["submission_id"], b["submission_id"], "one lead per key");
+        assert_ne!(
+            a["replayed"], b["replayed"],
+            "one stored it, the other replayed it"
+        );
+    }
+
+    wait_all_final(&one.app, 250).await;
+    let leads = leads_in(&one.app).await;
+    let keys: HashSet<Option<String>> = leads
+        .iter()
+        .map(|lead| lead.idempotency_key.clone())
+        .collect();
+    assert_eq!(keys.len(), 250);
+    let sales = sale::Entity::find()
+        .all(one.app.store.connection())
+        .await
+        .unwrap();
+    let mut sales_per_lead: HashMap<&str, usize> = HashMap::new();
+    for sale in &sales {
+        *sales_per_lead.entry(sale.lead_id.as_str()).or_default() += 1;
+    }
+    assert!(
+        sales_per_lead.values().all(|&count| count == 1),
+        "never sold twice"
+    );
+    let sold = leads.iter().filter(|lead| lead.state == "sold").count();
+    assert_eq!(sold, sales.len());
+    for buyer in [&first, &second] {
+        let posts = buyer.calls_per_lead("post");
+        assert!(
+            posts.values().all(|&count| count == 1),
+            "no duplicate post: {posts:?}"
+        );
+    }
+    let attempts = attempt::Entity::find()
+        .all(one.app.store.connection())
+        .await
+        .unwrap();
+    let routed_by: HashSet<Option<String>> = attempts
+        .iter()
+        .map(|attempt| attempt.instance_id.clone())
+        .collect();
+    assert_eq!(routed_by.len(), 2, "both instances routed leads");
+    crate::helpers::close_stores().await;
+}
