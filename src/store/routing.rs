@@ -91,6 +91,36 @@ fn waiting_to_be_routed(now: DateTime<Utc>) -> Condition {
         )
 }
 
+/// `UPDATE leads SET state = 'routing', lease… WHERE id IN (SELECT id …
+/// waiting … ORDER BY received_at LIMIT n FOR UPDATE SKIP LOCKED) AND
+/// waiting` (the lock clause is left out on SQLite).
+fn claim_statement(
+    pick: sea_orm::Select<lead::Entity>,
+    limit: u64,
+    owner: &str,
+    until: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> sea_orm::UpdateMany<lead::Entity> {
+    let candidates = pick
+        .select_only()
+        .column(lead::Column::Id)
+        .filter(waiting_to_be_routed(now))
+        .order_by_asc(lead::Column::ReceivedAt)
+        .limit(limit)
+        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+        .into_query();
+    lead::Entity::update_many()
+        .col_expr(
+            lead::Column::State,
+            Expr::value(LeadState::Routing.as_str()),
+        )
+        .col_expr(lead::Column::LeaseOwner, Expr::value(owner))
+        .col_expr(lead::Column::LeaseUntil, Expr::value(until))
+        .col_expr(lead::Column::UpdatedAt, Expr::value(now))
+        .filter(lead::Column::Id.in_subquery(candidates))
+        .filter(waiting_to_be_routed(now))
+}
+
 fn lease_end(lease: Duration) -> DateTime<Utc> {
     Utc::now() + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX)
 }
@@ -138,24 +168,7 @@ impl Store {
     ) -> Result<Vec<String>, DbErr> {
         let now = Utc::now();
         let until = lease_end(lease);
-        let candidates = pick
-            .select_only()
-            .column(lead::Column::Id)
-            .filter(waiting_to_be_routed(now))
-            .order_by_asc(lead::Column::ReceivedAt)
-            .limit(limit)
-            .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
-            .into_query();
-        lead::Entity::update_many()
-            .col_expr(
-                lead::Column::State,
-                Expr::value(LeadState::Routing.as_str()),
-            )
-            .col_expr(lead::Column::LeaseOwner, Expr::value(owner))
-            .col_expr(lead::Column::LeaseUntil, Expr::value(until))
-            .col_expr(lead::Column::UpdatedAt, Expr::value(now))
-            .filter(lead::Column::Id.in_subquery(candidates))
-            .filter(waiting_to_be_routed(now))
+        claim_statement(pick, limit, owner, until, now)
             .exec(&self.db)
             .await?;
         lead::Entity::find()
@@ -468,5 +481,30 @@ impl Store {
         .exec_without_returning(&self.db)
         .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sea_orm::{DbBackend, QueryTrait};
+
+    use super::*;
+
+    #[test]
+    fn postgres_claims_skip_locked_rows_and_sqlite_relies_on_its_single_writer() {
+        let claim = |backend| {
+            claim_statement(lead::Entity::find(), 10, "me", Utc::now(), Utc::now())
+                .build(backend)
+                .to_string()
+        };
+        let postgres = claim(DbBackend::Postgres);
+        assert!(postgres.contains("FOR UPDATE SKIP LOCKED"), "{postgres}");
+        assert!(
+            postgres.contains("\"lease_until\" <"),
+            "expired leases are claimable: {postgres}"
+        );
+        let sqlite = claim(DbBackend::Sqlite);
+        assert!(!sqlite.contains("FOR UPDATE"), "{sqlite}");
+        assert!(sqlite.contains("LIMIT"), "{sqlite}");
     }
 }

@@ -493,3 +493,63 @@ async fn two_instances_on_one_postgres_route_each_lead_once() {
     assert_eq!(routed_by.len(), 2, "both instances routed leads");
     crate::helpers::close_stores().await;
 }
+
+#[actix_web::test]
+async fn with_neither_database_nor_spool_intake_answers_503_failed() {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let proxy = TcpProxy::start(server_of(&database.url));
+    let mut config = ServiceConfig::write(&through(&database.url, proxy.address), "1s", "");
+    config.test_database_url = database.url.clone();
+    // A file where the spool directory should be: it cannot be created.
+    std::fs::write(config.spool_dir(), "not a directory").unwrap();
+    let service = Service::start(&config).await;
+    let app = &service.app;
+    let ready = app.send(app.client.get(app.url("/readyz")), "").await;
+    assert_eq!(ready.status, 503, "the unusable spool is reported");
+    assert!(ready.json()["spool"].as_str().unwrap().contains("unusable"));
+    let stored = app.post_feed_lead(&feed_lead("while-up")).await;
+    assert_eq!(stored.status, 200, "the service runs without a spool");
+
+    proxy.cut();
+    let refused = app.post_feed_lead(&feed_lead("while-down")).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.json()["acceptance"], "failed");
+    assert_eq!(refused.json()["server_recorded"], false);
+    assert!(
+        service.log().contains("intake_failed"),
+        "the failure is alerted"
+    );
+    crate::helpers::close_stores().await;
+}
+
+#[actix_web::test]
+async fn a_post_longer_than_the_lease_is_not_taken_over_by_another_instance() {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let buyer = TestBuyer::start(
+        accept(),
+        Answer::Accept {
+            delay: Duration::from_secs(5),
+        },
+    );
+    let buyer_toml = BuyerConfig {
+        post_timeout: "20s",
+        ..BuyerConfig::new("acme", 1)
+    }
+    .toml(&buyer.base);
+    // The lease is 2 s: only the heartbeat keeps it through a 5 s post.
+    let config = ServiceConfig::write(&database.url, "2s", &buyer_toml);
+    let one = Service::start(&config).await;
+    let two = Service::start(&config).await;
+    let answer = one.app.post_feed_lead(&feed_lead("slow-post")).await;
+    let lead_id = answer.json()["submission_id"].as_str().unwrap().to_string();
+    one.app.wait_for_state(&lead_id, "sold").await;
+    assert_eq!(buyer.calls("ping").len(), 1, "pinged once");
+    assert_eq!(buyer.calls("post").len(), 1, "posted once");
+    let attempts = attempts_of(&two.app, &lead_id).await;
+    let routed_by: HashSet<Option<String>> = attempts
+        .iter()
+        .map(|attempt| attempt.instance_id.clone())
+        .collect();
+    assert_eq!(routed_by.len(), 1, "one instance routed the lead");
+    crate::helpers::close_stores().await;
+}
