@@ -116,6 +116,8 @@ impl Application {
             signal = shutdown_signal() => StopReason::Signal(signal),
             reason = self.escalation.wait() => StopReason::Escalated(reason),
         };
+        // Whatever is still running after the grace gets this long to end.
+        let last_call = std::time::Duration::from_secs(1);
         if !matches!(reason, StopReason::Stopped(_)) {
             let grace = self.shutdown_grace;
             tracing::info!(grace = %humantime::format_duration(grace), "shutting down: refusing new leads, letting calls in flight finish");
@@ -124,9 +126,19 @@ impl Application {
                 tracing::error!(%error, "router unavailable at shutdown; leases run out instead");
             }
             // The server future runs the stop command: poll both.
-            let _ = futures_util::future::join(handle.stop(true), server).await;
+            let stopped = futures_util::future::join(handle.stop(true), server);
+            if actix_web::rt::time::timeout(last_call, stopped)
+                .await
+                .is_err()
+            {
+                tracing::warn!("HTTP requests still open at shutdown");
+            }
         }
-        if actix_web::rt::time::timeout(self.shutdown_grace, self.store.close())
+        let close_within = match reason {
+            StopReason::Stopped(_) => self.shutdown_grace,
+            _ => last_call,
+        };
+        if actix_web::rt::time::timeout(close_within, self.store.close())
             .await
             .is_err()
         {
