@@ -16,7 +16,8 @@ use std::sync::atomic::Ordering;
 use crate::actors::router::Drain;
 use crate::actors::supervision::{Escalation, RestartLog};
 use crate::actors::{Overseer, Tree};
-use crate::config::Settings;
+use crate::alerts::Alerts;
+use crate::config::{Settings, SharedSettings};
 use crate::rate_limit::RateLimiter;
 use crate::routes::{self, AppState};
 use crate::spool::Spool;
@@ -64,14 +65,26 @@ impl Application {
         tracing::info!(%instance_id, "starting the actors");
         let spool = Spool::open(&settings.intake.spool_dir);
         let (restarts, escalation) = RestartLog::new(&settings.supervision);
-        let tree = Overseer::start(store.clone(), spool, &settings, instance_id, restarts);
+        let alerts = Alerts::new(store.clone(), &settings.alerts);
+        let tree = Overseer::start(
+            store.clone(),
+            spool,
+            &settings,
+            instance_id,
+            restarts,
+            alerts,
+        );
         let grace = settings.server.shutdown_grace;
         let state = web::Data::new(AppState {
-            settings: Arc::new(settings),
+            settings: SharedSettings::new(settings),
             store: store.clone(),
             tree: tree.clone(),
             limiter: RateLimiter::default(),
         });
+        actix_web::rt::spawn(crate::reload::reload_on_sighup(
+            state.settings.clone(),
+            state.tree.clone(),
+        ));
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(state.clone())

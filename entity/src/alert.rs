@@ -13,6 +13,8 @@ pub struct Model {
     #[sea_orm(column_type = "Text")]
     pub message: String,
     pub created_at: DateTimeUtc,
+    /// False when `alerts.min_interval` held it back from the webhook and log.
+    pub notified: bool,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

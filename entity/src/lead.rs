@@ -28,6 +28,11 @@ pub struct Model {
     pub lease_until: Option<DateTimeUtc>,
     pub received_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
+    /// Set by a reroute: attempts before it no longer decide the lead.
+    pub history_from: Option<DateTimeUtc>,
+    /// Set by a reroute with `include_tried`: buyers posted to before
+    /// `history_from` may be offered the lead again.
+    pub offer_tried: bool,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

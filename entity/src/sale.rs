@@ -1,4 +1,5 @@
-//! `sales`: at most one row per lead (unique index on `lead_id`).
+//! `sales`: at most one sale per lead that was not returned (partial unique
+//! index on `lead_id` where `returned_at` is null).
 
 use sea_orm::entity::prelude::*;
 
@@ -12,6 +13,8 @@ pub struct Model {
     pub attempt_id: Option<String>,
     pub price: Option<f64>,
     pub sold_at: DateTimeUtc,
+    pub returned_at: Option<DateTimeUtc>,
+    pub return_reason: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -5,6 +5,7 @@ pub use sea_orm_migration::prelude::*;
 
 mod m20261129_000001_create_store;
 mod m20261129_000002_create_alerts;
+mod m20261129_000003_operations;
 
 /// Every migration, oldest first.
 pub struct Migrator;
@@ -15,6 +16,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261129_000001_create_store::Migration),
             Box::new(m20261129_000002_create_alerts::Migration),
+            Box::new(m20261129_000003_operations::Migration),
         ]
     }
 }

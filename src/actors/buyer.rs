@@ -21,7 +21,7 @@ use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
 use super::supervision::{guarded, RestartLog};
-use crate::alerts::{self, AlertKind};
+use crate::alerts::{AlertKind, Alerts};
 use crate::buyer::accept::{number_at, text_at, AcceptCheck};
 use crate::buyer::board::{Board, BuyerStatus};
 use crate::buyer::breaker::{Admission, Breaker, CircuitState};
@@ -45,6 +45,15 @@ pub struct OfferLead {
     /// From the accepted ping, for a post.
     pub ping: PingResult,
     pub instance_id: Arc<str>,
+    /// An operator's retry: the attempt replayed, with the settings its
+    /// snapshot froze (used instead of the buyer's current ones).
+    pub retry: Option<Retry>,
+}
+
+#[derive(Clone)]
+pub struct Retry {
+    pub of: String,
+    pub settings: Arc<BuyerSettings>,
 }
 
 /// What became of an offer.
@@ -100,6 +109,7 @@ pub struct Buyer {
     board: Board,
     router: Recipient<CircuitChanged>,
     restarts: RestartLog,
+    alerts: Alerts,
     /// Fault injection (`faults.buyer_panics`): calls still to panic.
     panics_left: u32,
 }
@@ -112,6 +122,7 @@ pub struct BuyerEnvironment {
     pub board: Board,
     pub router: Recipient<CircuitChanged>,
     pub restarts: RestartLog,
+    pub alerts: Alerts,
 }
 
 impl Buyer {
@@ -122,12 +133,11 @@ impl Buyer {
             board,
             router,
             restarts,
+            alerts,
         } = environment;
         Self {
-            ping_check: AcceptCheck::compile(
-                settings.ping.as_ref().and_then(|ping| ping.accept.as_ref()),
-            ),
-            post_check: AcceptCheck::compile(settings.post.accept.as_ref()),
+            ping_check: accept_check(&settings, CallKind::Ping),
+            post_check: accept_check(&settings, CallKind::Post),
             breaker: Breaker::new(settings.circuit.clone()),
             settings,
             pii_fields,
@@ -139,6 +149,7 @@ impl Buyer {
             board,
             router,
             restarts,
+            alerts,
             panics_left: panics,
         }
     }
@@ -189,14 +200,22 @@ impl Buyer {
         self.publish();
     }
 
+    /// The settings this offer is made with: a retry's snapshot, else ours.
+    fn settings_for(&self, offer: &OfferLead) -> Arc<BuyerSettings> {
+        offer
+            .retry
+            .as_ref()
+            .map_or_else(|| self.settings.clone(), |retry| retry.settings.clone())
+    }
+
     fn attempt(&self, offer: &OfferLead, kind: &str) -> NewAttempt {
         NewAttempt {
             lead_id: offer.lead.lead_id.clone(),
             buyer_id: self.settings.id.clone(),
             kind: kind.to_string(),
             request: serde_json::Value::Null,
-            snapshot: self.settings.snapshot.clone(),
-            retry_of: None,
+            snapshot: self.settings_for(offer).snapshot.clone(),
+            retry_of: offer.retry.as_ref().map(|retry| retry.of.clone()),
             instance_id: offer.instance_id.to_string(),
         }
     }
@@ -263,11 +282,9 @@ impl Buyer {
             }
         };
         if let Some((kind, message)) = alert {
-            let store = self.store.clone();
+            let alerts = self.alerts.clone();
             let buyer = buyer_id.clone();
-            actix::spawn(
-                async move { alerts::raise(&store, kind, Some(&buyer), None, &message).await },
-            );
+            actix::spawn(async move { alerts.raise(kind, Some(&buyer), None, &message).await });
         }
         self.router.do_send(CircuitChanged {
             buyer_id,
@@ -277,21 +294,60 @@ impl Buyer {
     }
 }
 
+/// Starts a buyer's actor under supervision; `panics` is fault injection.
+pub fn start_buyer(
+    settings: Arc<BuyerSettings>,
+    environment: BuyerEnvironment,
+    panics: u32,
+) -> Addr<Buyer> {
+    Supervisor::start(move |_| Buyer::new(settings, environment, panics))
+}
+
+/// The buyer's HTTP client: pool limit above its concurrency (awc's timeout
+/// covers pool waits), idle connections dropped before the buyer drops them.
+fn client_for(settings: &BuyerSettings) -> awc::Client {
+    let connections = (settings.max_concurrency as usize) * 2;
+    let connector = awc::Connector::new()
+        .limit(connections)
+        .conn_keep_alive(CONNECTION_KEEP_ALIVE);
+    awc::Client::builder()
+        .connector(connector)
+        .disable_redirects()
+        .finish()
+}
+
+/// A reload changed this buyer: new attempts use `settings`. The breaker
+/// keeps its state unless the circuit settings changed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Reconfigure {
+    pub settings: Arc<BuyerSettings>,
+}
+
+impl Handler<Reconfigure> for Buyer {
+    type Result = ();
+
+    fn handle(&mut self, message: Reconfigure, _ctx: &mut Context<Self>) {
+        let settings = message.settings;
+        tracing::info!(buyer_id = %settings.id, "buyer reconfigured");
+        self.ping_check = accept_check(&settings, CallKind::Ping);
+        self.post_check = accept_check(&settings, CallKind::Post);
+        if settings.circuit != self.settings.circuit {
+            self.breaker = Breaker::new(settings.circuit.clone());
+            self.circuit_changed_at = Utc::now();
+        }
+        self.client = Some(client_for(&settings));
+        self.settings = settings;
+        self.publish();
+    }
+}
+
 impl Actor for Buyer {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(1024);
-        let connections = (self.settings.max_concurrency as usize) * 2;
-        let connector = awc::Connector::new()
-            .limit(connections)
-            .conn_keep_alive(CONNECTION_KEEP_ALIVE);
-        self.client = Some(
-            awc::Client::builder()
-                .connector(connector)
-                .disable_redirects()
-                .finish(),
-        );
+        self.client = Some(client_for(&self.settings));
         self.publish();
     }
 }
@@ -361,7 +417,7 @@ impl Buyer {
         let Some(client) = self.client.clone() else {
             return FutureExt::boxed_local(futures_util::future::ready(Offered::NotRecorded));
         };
-        let settings = self.settings.clone();
+        let settings = self.settings_for(&offer);
         let request = request::build(
             offer.kind,
             &settings,
@@ -369,7 +425,7 @@ impl Buyer {
             &offer.ping,
             &self.pii_fields,
         );
-        let (check, timeout) = match offer.kind {
+        let (mut check, timeout) = match offer.kind {
             CallKind::Ping => (
                 self.ping_check.clone(),
                 settings
@@ -379,6 +435,9 @@ impl Buyer {
             ),
             CallKind::Post => (self.post_check.clone(), settings.post.timeout),
         };
+        if offer.retry.is_some() {
+            check = accept_check(&settings, offer.kind);
+        }
         let mut attempt = self.attempt(&offer, offer.kind.as_str());
         attempt.request = request.shown.clone();
         let store = self.store.clone();
@@ -422,6 +481,14 @@ impl Buyer {
         }
         .boxed_local()
     }
+}
+
+/// The accept rule of a buyer's ping or post, compiled.
+fn accept_check(settings: &BuyerSettings, kind: CallKind) -> AcceptCheck {
+    AcceptCheck::compile(match kind {
+        CallKind::Ping => settings.ping.as_ref().and_then(|ping| ping.accept.as_ref()),
+        CallKind::Post => settings.post.accept.as_ref(),
+    })
 }
 
 fn report_of(

@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 
 use super::router::RouteLeads;
 use super::supervision::{guarded, RestartLog};
-use crate::alerts::{self, AlertKind};
+use crate::alerts::{AlertKind, Alerts};
 use crate::domain::{Contract, LeadState};
 use crate::spool::{Spool, SpooledLead};
 use crate::store::{
@@ -69,6 +69,7 @@ pub struct IntakeTargets {
     pub spool: Spool,
     /// Where stored, routable leads go (the router).
     pub route_to: Recipient<RouteLeads>,
+    pub alerts: Alerts,
 }
 
 pub struct Intake {
@@ -236,8 +237,8 @@ async fn spool_batch(targets: &IntakeTargets, batch: Vec<Waiting>) {
             )
         }
     };
-    let store = targets.store.clone();
-    actix::spawn(async move { alerts::raise(&store, kind, None, None, &message).await });
+    let alerts = targets.alerts.clone();
+    actix::spawn(async move { alerts.raise(kind, None, None, &message).await });
 }
 
 /// A newly stored lead that waits to be routed.

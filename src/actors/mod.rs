@@ -11,6 +11,7 @@
 //! ```
 
 pub mod buyer;
+pub mod directory;
 mod drainer;
 mod intake;
 mod overseer;

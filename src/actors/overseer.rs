@@ -6,21 +6,20 @@
 //! and past it the service stops. Waterfalls are temporary: one that dies is
 //! not restarted, its lead is released and swept up again.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::rc::Rc;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use actix::{Addr, AsyncContext, Supervisor};
 
-use super::buyer::{Buyer, BuyerEnvironment};
+use super::buyer::{start_buyer, BuyerEnvironment};
+use super::directory::{BuyerDirectory, BuyerHandle};
 use super::drainer::SpoolDrainer;
 use super::intake::IntakeTargets;
 use super::router::Router;
 use super::supervision::RestartLog;
-use super::waterfall::{BuyerHandle, RoutingContext};
+use super::waterfall::RoutingContext;
 use super::{Intake, IntakeRules};
+use crate::alerts::Alerts;
 use crate::buyer::board::Board;
 use crate::config::Settings;
 use crate::spool::Spool;
@@ -31,12 +30,14 @@ use crate::store::{DuplicateRule, Store};
 pub struct Tree {
     pub intake: Addr<Intake>,
     pub router: Addr<Router>,
-    pub buyers: HashMap<String, Addr<Buyer>>,
+    pub buyers: BuyerDirectory,
     /// Each buyer's live status, published by its actor.
     pub board: Board,
     pub spool: Spool,
     /// Set at shutdown: intake refuses leads, waterfalls stop.
     pub draining: Arc<AtomicBool>,
+    /// This process in leases and attempt rows.
+    pub instance_id: Arc<str>,
 }
 
 /// Root of the actor tree.
@@ -51,59 +52,66 @@ impl Overseer {
         settings: &Settings,
         instance_id: Arc<str>,
         restarts: RestartLog,
+        alerts: Alerts,
     ) -> Tree {
         let board = Board::default();
         let draining = Arc::new(AtomicBool::new(false));
-        let mut buyer_settings: Vec<_> = settings.buyers.iter().cloned().map(Arc::new).collect();
-        buyer_settings.sort_by_key(|buyer| buyer.priority);
+        let buyer_settings: Vec<_> = settings.buyers.iter().cloned().map(Arc::new).collect();
         let panics = settings.faults.buyer_panics.clone();
         let sweep_interval = settings.routing.sweep_interval;
         let routing = RoutingContext {
             store: store.clone(),
-            buyers: Vec::new(),
+            directory: BuyerDirectory::default(),
             lease: settings.routing.lease,
             reserve_price: settings.routing.reserve_price,
-            instance_id,
+            instance_id: instance_id.clone(),
             draining: draining.clone(),
+            alerts: alerts.clone(),
         };
 
-        // Filled in by the router's constructor, which runs at once.
-        let started_buyers: Rc<RefCell<HashMap<String, Addr<Buyer>>>> = Rc::default();
+        let directory = BuyerDirectory::default();
+        let routing = RoutingContext {
+            directory: directory.clone(),
+            ..routing
+        };
         let router = {
-            let environment = (
+            let (pii_fields, store, board, restarts, alerts) = (
                 Arc::new(settings.routing.pii_fields.clone()),
                 store.clone(),
                 board.clone(),
-                started_buyers.clone(),
                 restarts.clone(),
+                alerts.clone(),
             );
+            let directory = directory.clone();
             Supervisor::start(move |ctx: &mut actix::Context<Router>| {
-                let (pii_fields, store, board, buyers, restarts) = environment;
                 let environment = BuyerEnvironment {
                     pii_fields,
                     store,
                     board,
                     router: ctx.address().recipient(),
                     restarts: restarts.clone(),
+                    alerts,
                 };
-                let handles: Vec<BuyerHandle> = buyer_settings
-                    .into_iter()
-                    .map(|settings| {
-                        let (for_actor, environment) = (settings.clone(), environment.clone());
-                        let panics = panics.get(&settings.id).copied().unwrap_or(0);
-                        let addr =
-                            Supervisor::start(move |_| Buyer::new(for_actor, environment, panics));
-                        buyers
-                            .borrow_mut()
-                            .insert(settings.id.clone(), addr.clone());
-                        BuyerHandle { settings, addr }
-                    })
-                    .collect();
-                let routing = RoutingContext {
-                    buyers: handles,
-                    ..routing
-                };
-                Router::new(Arc::new(routing), sweep_interval, restarts)
+                // Runs once: a restarted router keeps its buyers.
+                if directory.all().is_empty() {
+                    directory.replace(
+                        buyer_settings
+                            .into_iter()
+                            .map(|settings| {
+                                let panics = panics.get(&settings.id).copied().unwrap_or(0);
+                                BuyerHandle {
+                                    addr: start_buyer(
+                                        settings.clone(),
+                                        environment.clone(),
+                                        panics,
+                                    ),
+                                    settings,
+                                }
+                            })
+                            .collect(),
+                    );
+                }
+                Router::new(Arc::new(routing), sweep_interval, restarts, environment)
             })
         };
         let rules = IntakeRules {
@@ -118,20 +126,21 @@ impl Overseer {
             store,
             spool: spool.clone(),
             route_to: router.clone().recipient(),
+            alerts,
         };
         let intake = {
             let (targets, rules, restarts) = (targets.clone(), rules.clone(), restarts.clone());
             Supervisor::start(move |_| Intake::new(targets, rules, restarts))
         };
         Supervisor::start(move |_| SpoolDrainer::new(targets, rules, restarts));
-        let buyers = started_buyers.take();
         Tree {
             intake,
             router,
-            buyers,
+            buyers: directory,
             board,
             spool,
             draining,
+            instance_id,
         }
     }
 }

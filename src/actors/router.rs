@@ -23,10 +23,12 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use super::buyer::CircuitChanged;
+use super::buyer::{start_buyer, BuyerEnvironment, CircuitChanged, Reconfigure};
+use super::directory::BuyerHandle;
 use super::supervision::{guarded, RestartLog};
 use super::waterfall::{RoutingContext, Waterfall, WaterfallFinished};
 use crate::buyer::breaker::CircuitState;
+use crate::config::BuyerSettings;
 use crate::domain::LeadState;
 
 /// Waterfalls running at once in one instance.
@@ -52,11 +54,24 @@ pub struct Drain {
     pub grace: Duration,
 }
 
+/// A reload: these are the buyers now (added ones get an actor, changed
+/// ones are reconfigured, removed ones are dropped from the directory;
+/// their actors end once no waterfall holds them).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ApplyBuyers {
+    pub buyers: Vec<Arc<BuyerSettings>>,
+}
+
 pub struct Router {
     routing: Arc<RoutingContext>,
     sweep_interval: Duration,
     restarts: RestartLog,
+    /// For buyers a reload adds.
+    environment: BuyerEnvironment,
     active: HashSet<String>,
+    /// Leads a claim by id is being made for.
+    claiming: HashSet<String>,
     /// More leads wait in the database than were started.
     backlog: bool,
     sweeping: bool,
@@ -74,12 +89,15 @@ impl Router {
         routing: Arc<RoutingContext>,
         sweep_interval: Duration,
         restarts: RestartLog,
+        environment: BuyerEnvironment,
     ) -> Self {
         Self {
             routing,
             sweep_interval,
             restarts,
+            environment,
             active: HashSet::new(),
+            claiming: HashSet::new(),
             backlog: false,
             sweeping: false,
             sweep_again: false,
@@ -99,10 +117,10 @@ impl Router {
         if self.draining() {
             return;
         }
-        let room = MAX_ACTIVE_WATERFALLS.saturating_sub(self.active.len());
+        let room = self.room();
         let fresh: Vec<String> = lead_ids
             .into_iter()
-            .filter(|id| !self.active.contains(id))
+            .filter(|id| !self.active.contains(id) && !self.claiming.contains(id))
             .collect();
         if fresh.len() > room {
             self.backlog = true;
@@ -111,7 +129,7 @@ impl Router {
         if wanted.is_empty() {
             return;
         }
-        self.active.extend(wanted.iter().cloned());
+        self.claiming.extend(wanted.iter().cloned());
         let routing = self.routing.clone();
         ctx.spawn(
             async move {
@@ -128,18 +146,27 @@ impl Router {
                     Vec::new()
                 });
                 for lead_id in &wanted {
-                    if !claimed.contains(lead_id) {
-                        router.active.remove(lead_id);
-                    }
+                    router.claiming.remove(lead_id);
                 }
                 router.start_waterfalls(claimed, ctx);
+                router.check_drained();
             }),
         );
     }
 
+    /// Waterfalls that may still start.
+    fn room(&self) -> usize {
+        MAX_ACTIVE_WATERFALLS.saturating_sub(self.active.len() + self.claiming.len())
+    }
+
+    /// Starts a waterfall for each lead we now hold, unless one runs for it.
+    /// (A sweep may claim a lead that a claim by id still waits for; that
+    /// one then finds it taken and leaves it to the sweep.)
     fn start_waterfalls(&mut self, claimed: Vec<String>, ctx: &mut Context<Self>) {
         for lead_id in claimed {
-            Waterfall::new(lead_id, self.routing.clone(), ctx.address().recipient()).start();
+            if self.active.insert(lead_id.clone()) {
+                Waterfall::new(lead_id, self.routing.clone(), ctx.address().recipient()).start();
+            }
         }
     }
 
@@ -153,7 +180,7 @@ impl Router {
             self.sweep_again = true;
             return;
         }
-        let room = MAX_ACTIVE_WATERFALLS.saturating_sub(self.active.len()) as u64;
+        let room = self.room() as u64;
         if room == 0 {
             self.backlog = true;
             return;
@@ -173,11 +200,7 @@ impl Router {
                 match claimed {
                     Some(Ok(ids)) => {
                         router.backlog |= ids.len() as u64 == room;
-                        let fresh: Vec<String> = ids
-                            .into_iter()
-                            .filter(|id| router.active.insert(id.clone()))
-                            .collect();
-                        router.start_waterfalls(fresh, ctx);
+                        router.start_waterfalls(ids, ctx);
                     }
                     Some(Err(error)) => {
                         tracing::error!(%error, "sweep could not claim waiting leads")
@@ -218,7 +241,11 @@ impl Router {
     /// While draining: tells `Drain` once no waterfall runs and every
     /// final state is written.
     fn check_drained(&mut self) {
-        if self.draining() && self.active.is_empty() && self.to_settle.is_empty() && !self.settling
+        if self.draining()
+            && self.active.is_empty()
+            && self.claiming.is_empty()
+            && self.to_settle.is_empty()
+            && !self.settling
         {
             for waiter in self.drained.drain(..) {
                 let _ = waiter.send(());
@@ -277,6 +304,7 @@ impl Supervised for Router {
         // Leads of live waterfalls keep their leases until those end; the
         // rest come back through the sweep.
         self.active.clear();
+        self.claiming.clear();
         self.sweeping = false;
         self.settling = false;
     }
@@ -381,5 +409,42 @@ impl Handler<Drain> for Router {
                 .into_actor(router)
             }),
         )
+    }
+}
+
+impl Handler<ApplyBuyers> for Router {
+    type Result = ();
+
+    fn handle(&mut self, message: ApplyBuyers, _ctx: &mut Context<Self>) {
+        let directory = &self.routing.directory;
+        let running = directory.all();
+        let buyers = message
+            .buyers
+            .into_iter()
+            .map(|settings| {
+                match running
+                    .iter()
+                    .find(|buyer| buyer.settings.id == settings.id)
+                {
+                    Some(existing) if existing.settings.snapshot == settings.snapshot => {
+                        existing.clone()
+                    }
+                    Some(existing) => {
+                        existing.addr.do_send(Reconfigure {
+                            settings: settings.clone(),
+                        });
+                        BuyerHandle {
+                            settings,
+                            addr: existing.addr.clone(),
+                        }
+                    }
+                    None => BuyerHandle {
+                        addr: start_buyer(settings.clone(), self.environment.clone(), 0),
+                        settings,
+                    },
+                }
+            })
+            .collect();
+        directory.replace(buyers);
     }
 }

@@ -20,32 +20,26 @@ use chrono::{DateTime, Datelike, Timelike, Utc};
 use entity::{attempt, lead};
 use serde_json::Value;
 
-use super::buyer::{Buyer, OfferLead, Offered};
+use super::buyer::{OfferLead, Offered};
+use super::directory::BuyerDirectory;
 use super::supervision::guarded;
-use crate::alerts::{self, AlertKind};
+use crate::alerts::{AlertKind, Alerts};
 use crate::buyer::request::{LeadOffer, PingResult};
 use crate::buyer::{CallKind, CallOutcome, SkipReason};
 use crate::config::BuyerSettings;
 use crate::domain::LeadState;
 use crate::store::{NewAttempt, Store};
 
-/// A configured buyer and its actor.
-#[derive(Clone)]
-pub struct BuyerHandle {
-    pub settings: Arc<BuyerSettings>,
-    pub addr: Addr<Buyer>,
-}
-
 /// Everything a waterfall needs, shared by all of them.
 pub struct RoutingContext {
     pub store: Store,
-    /// Sorted by priority (ties keep file order).
-    pub buyers: Vec<BuyerHandle>,
+    pub directory: BuyerDirectory,
     pub lease: Duration,
     pub reserve_price: Option<f64>,
     pub instance_id: Arc<str>,
     /// Set at shutdown: waterfalls stop before their next buyer.
     pub draining: Arc<AtomicBool>,
+    pub alerts: Alerts,
 }
 
 /// Sent to the router when a waterfall ends; `state` is the lead's final
@@ -147,13 +141,34 @@ async fn route(routing: &RoutingContext, lead_id: &str) -> Result<Option<LeadSta
         let message = format!(
             "a post of lead {lead_id} was in flight when routing stopped: lead unknown, not re-sent"
         );
-        alerts::raise(store, AlertKind::PostTimeout, None, Some(lead_id), &message).await;
+        routing
+            .alerts
+            .raise(AlertKind::PostTimeout, None, Some(lead_id), &message)
+            .await;
     }
     let history = store.attempts_of(lead_id).await?;
-    if let Some(state) = settled_by_history(store, lead_id, &history).await? {
+    // After a reroute only the attempts since decide the lead.
+    let (earlier, current): (Vec<attempt::Model>, Vec<attempt::Model>) =
+        history.into_iter().partition(|attempt| {
+            row.history_from
+                .is_some_and(|from| attempt.started_at < from)
+        });
+    if let Some(state) = settled_by_history(store, lead_id, &current).await? {
         return Ok(Some(state));
     }
-    Ok(Some(walk(routing, &row, &finished_buyers(&history)).await?))
+    let mut finished = finished_buyers(&current);
+    if !row.offer_tried {
+        finished.extend(posted_to(&earlier));
+    }
+    Ok(Some(walk(routing, &row, &finished).await?))
+}
+
+/// Buyers a post went out to.
+fn posted_to(history: &[attempt::Model]) -> impl Iterator<Item = String> + '_ {
+    history
+        .iter()
+        .filter(|attempt| attempt.kind == "post")
+        .map(|attempt| attempt.buyer_id.clone())
 }
 
 /// A lead routed before (a restart, a lost settle) whose history already
@@ -196,14 +211,10 @@ async fn walk(
     finished: &HashSet<String>,
 ) -> Result<LeadState, RouteError> {
     let store = &routing.store;
-    let offer = Arc::new(LeadOffer {
-        lead_id: row.id.clone(),
-        source: row.source_id.clone(),
-        is_test: row.is_test,
-        fields: row.fields.as_object().cloned().unwrap_or_default(),
-        attribution: row.attribution.as_object().cloned().unwrap_or_default(),
-    });
-    for buyer in routing.buyers.iter().filter(|buyer| buyer.settings.enabled) {
+    let offer = Arc::new(LeadOffer::of(row));
+    let mut tally = Tally::default();
+    let buyers = routing.directory.all();
+    for buyer in buyers.iter().filter(|buyer| buyer.settings.enabled) {
         let settings = &buyer.settings;
         if finished.contains(&settings.id) {
             continue;
@@ -246,15 +257,17 @@ async fn walk(
             kind,
             ping,
             instance_id: routing.instance_id.clone(),
+            retry: None,
         };
 
         let mut ping = PingResult::default();
         if settings.ping.is_some() {
-            match buyer
+            let offered = buyer
                 .addr
                 .send(offer_call(CallKind::Ping, PingResult::default()))
-                .await?
-            {
+                .await?;
+            tally.note(&offered);
+            match offered {
                 Offered::Called(report) if report.outcome == CallOutcome::Accepted => {
                     ping = PingResult {
                         ping_id: report.ping_id,
@@ -277,12 +290,14 @@ async fn walk(
         }
 
         let bid = ping.bid;
-        match buyer.addr.send(offer_call(CallKind::Post, ping)).await? {
+        let offered = buyer.addr.send(offer_call(CallKind::Post, ping)).await?;
+        tally.note(&offered);
+        match offered {
             Offered::Called(report) => match report.outcome {
                 CallOutcome::Accepted => {
                     let price = report.price.or(bid).or(settings.price);
                     if !store
-                        .record_sale(&row.id, &settings.id, &report.attempt_id, price)
+                        .record_sale(&row.id, &settings.id, Some(&report.attempt_id), price)
                         .await?
                     {
                         tracing::warn!(lead_id = %row.id, buyer_id = %settings.id, "a second accepted post: the lead was already sold, no second sale");
@@ -294,14 +309,15 @@ async fn walk(
                         "post of lead {} to buyer {} got no answer in time: lead unknown, not re-sent",
                         row.id, settings.id
                     );
-                    alerts::raise(
-                        store,
-                        AlertKind::PostTimeout,
-                        Some(&settings.id),
-                        Some(&row.id),
-                        &message,
-                    )
-                    .await;
+                    routing
+                        .alerts
+                        .raise(
+                            AlertKind::PostTimeout,
+                            Some(&settings.id),
+                            Some(&row.id),
+                            &message,
+                        )
+                        .await;
                     return Ok(LeadState::Unknown);
                 }
                 CallOutcome::Rejected | CallOutcome::Error => continue,
@@ -311,7 +327,38 @@ async fn walk(
             Offered::Skipped(_) => continue,
         }
     }
+    if tally.failed && !tally.rejected {
+        let message = format!(
+            "lead {} unsold: no buyer rejected it, every call failed or was skipped for a circuit or load",
+            row.id
+        );
+        routing
+            .alerts
+            .raise(AlertKind::AllBuyersFailed, None, Some(&row.id), &message)
+            .await;
+    }
     Ok(LeadState::Unsold)
+}
+
+/// What the buyers offered a lead made of it, for the "every buyer failed" alert.
+#[derive(Default)]
+struct Tally {
+    rejected: bool,
+    failed: bool,
+}
+
+impl Tally {
+    fn note(&mut self, offered: &Offered) {
+        match offered {
+            Offered::Called(report) => match report.outcome {
+                CallOutcome::Rejected => self.rejected = true,
+                CallOutcome::Error | CallOutcome::Timeout => self.failed = true,
+                CallOutcome::Accepted => {}
+            },
+            Offered::Skipped(SkipReason::CircuitOpen | SkipReason::Busy) => self.failed = true,
+            _ => {}
+        }
+    }
 }
 
 /// `filters = { state = ["CA", "TX"] }`: every named field must hold one of

@@ -23,6 +23,19 @@ pub struct LeadOffer {
     pub attribution: Map<String, Value>,
 }
 
+impl LeadOffer {
+    /// The offer of a stored lead.
+    pub fn of(row: &entity::lead::Model) -> Self {
+        Self {
+            lead_id: row.id.clone(),
+            source: row.source_id.clone(),
+            is_test: row.is_test,
+            fields: row.fields.as_object().cloned().unwrap_or_default(),
+            attribution: row.attribution.as_object().cloned().unwrap_or_default(),
+        }
+    }
+}
+
 /// What an accepted ping handed over for the post.
 #[derive(Debug, Clone, Default)]
 pub struct PingResult {

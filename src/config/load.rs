@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use toml::Value;
 
-use super::{validate, Settings};
+use super::{validate, BuyerSettings, Settings};
 
 /// Used when neither `--config` nor `LEADROUTER_CONFIG` names a file.
 pub const DEFAULT_CONFIG_PATH: &str = "config/leadrouter.toml";
@@ -77,10 +77,33 @@ pub fn load(path: &Path) -> Result<Settings, ConfigError> {
         path: path.to_path_buf(),
         source,
     })?;
-    parse(&text, |name| std::env::var(name).ok()).map_err(|problems| ConfigError::Invalid {
-        path: path.to_path_buf(),
-        problems,
-    })
+    let mut settings =
+        parse(&text, |name| std::env::var(name).ok()).map_err(|problems| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            problems,
+        })?;
+    settings.source_path = Some(path.to_path_buf());
+    Ok(settings)
+}
+
+/// A buyer's settings as an attempt's snapshot froze them (for a retry);
+/// its `${VAR}` references are resolved from the environment now.
+pub fn buyer_from_snapshot(snapshot: &serde_json::Value) -> Result<BuyerSettings, Vec<Problem>> {
+    let problem = |message: String| {
+        vec![Problem {
+            path: "snapshot".into(),
+            message,
+        }]
+    };
+    let table = Value::try_from(snapshot).map_err(|error| problem(error.to_string()))?;
+    let mut document = toml::Table::new();
+    document.insert("buyers".into(), Value::Array(vec![table]));
+    let text = toml::to_string(&document).map_err(|error| problem(error.to_string()))?;
+    let mut settings = parse(&text, |name| std::env::var(name).ok())?;
+    settings
+        .buyers
+        .pop()
+        .ok_or_else(|| problem("no buyer in the snapshot".into()))
 }
 
 /// Parses configuration text; `env` looks up environment variables.

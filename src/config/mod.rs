@@ -10,11 +10,12 @@ mod validate;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use load::{load, parse, ConfigError, Problem, DEFAULT_CONFIG_PATH};
+pub use load::{buyer_from_snapshot, load, parse, ConfigError, Problem, DEFAULT_CONFIG_PATH};
 pub use rate::Rate;
 
 /// A string that must never be printed: `Debug` shows `[redacted]`.
@@ -64,6 +65,31 @@ pub struct Settings {
     pub supervision: SupervisionSettings,
     #[serde(default)]
     pub faults: FaultSettings,
+    /// The file these settings came from (for reloads); not a key.
+    #[serde(skip)]
+    pub source_path: Option<PathBuf>,
+}
+
+/// The running settings, replaced whole by a reload; readers take a
+/// snapshot ([`SharedSettings::current`]) and keep it for one request.
+#[derive(Clone, Debug)]
+pub struct SharedSettings(Arc<RwLock<Arc<Settings>>>);
+
+impl SharedSettings {
+    pub fn new(settings: Settings) -> Self {
+        Self(Arc::new(RwLock::new(Arc::new(settings))))
+    }
+
+    pub fn current(&self) -> Arc<Settings> {
+        self.0
+            .read()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .clone()
+    }
+
+    pub fn replace(&self, settings: Settings) {
+        *self.0.write().unwrap_or_else(|poison| poison.into_inner()) = Arc::new(settings);
+    }
 }
 
 /// Restart intensity, as in OTP: more than `max_restarts` actor restarts
@@ -349,7 +375,7 @@ pub struct AcceptRule {
     pub status: Option<Vec<u16>>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CircuitSettings {
     pub failure_threshold: u32,

@@ -60,7 +60,6 @@ pub fn normalize(
     source: &SourceSettings,
     meta: &RequestMeta,
 ) -> Normalized {
-    let mut errors = Vec::new();
     let external_key = source.external_id.as_deref();
     let raw_fields: Vec<(&str, &Value)> = match &source.fields {
         Some(mapping) => mapping
@@ -77,6 +76,27 @@ pub fn normalize(
             .map(|(key, value)| (key.as_str(), value))
             .collect(),
     };
+    let (fields, errors) = check_fields(raw_fields, &source.required);
+
+    Normalized {
+        fields,
+        attribution: attribution(body, meta),
+        external_id: external_key.and_then(|key| key_text(body.get(key))),
+        submission_id: key_text(body.get("submission_id")),
+        is_test: meta.test_header || body.get("test").is_some_and(is_truthy),
+        errors,
+    }
+}
+
+/// Normalises and validates named field values (as `normalize` does for a
+/// body, and `PATCH /v1/leads/{id}` for an operator's fix): the accepted
+/// fields, and a problem per field that is not acceptable or missing.
+pub fn check_fields<'a>(
+    raw_fields: impl IntoIterator<Item = (&'a str, &'a Value)>,
+    required: &[String],
+) -> (Map<String, Value>, Vec<FieldError>) {
+    let raw_fields: Vec<(&str, &Value)> = raw_fields.into_iter().collect();
+    let mut errors = Vec::new();
     if raw_fields.len() > MAX_FIELDS {
         errors.push(FieldError::new(
             "body",
@@ -107,20 +127,13 @@ pub fn normalize(
             Err(message) => errors.push(FieldError::new(name, message)),
         }
     }
-    for required in &source.required {
+    for required in required {
         if !fields.contains_key(required) && !errors.iter().any(|e| &e.field == required) {
             errors.push(FieldError::new(required.as_str(), "required"));
         }
     }
 
-    Normalized {
-        fields,
-        attribution: attribution(body, meta),
-        external_id: external_key.and_then(|key| key_text(body.get(key))),
-        submission_id: key_text(body.get("submission_id")),
-        is_test: meta.test_header || body.get("test").is_some_and(is_truthy),
-        errors,
-    }
+    (fields, errors)
 }
 
 /// A field value as text: `None` for null or blank, an error for structures.

@@ -26,7 +26,8 @@ impl Admin {
         let state = request
             .app_data::<web::Data<AppState>>()
             .ok_or_else(|| ApiError::Unauthorized("admin API not configured".into()))?;
-        let Some(expected) = &state.settings.server.admin_token else {
+        let settings = state.settings();
+        let Some(expected) = &settings.server.admin_token else {
             return Err(ApiError::Unauthorized(
                 "the admin API is disabled: set server.admin_token".into(),
             ));

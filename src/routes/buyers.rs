@@ -54,7 +54,7 @@ fn assemble(
     mut counts: HashMap<String, OutcomeCounts>,
 ) -> Vec<BuyerView> {
     state
-        .settings
+        .settings()
         .buyers
         .iter()
         .filter_map(|buyer| state.tree.board.get(&buyer.id))
@@ -100,6 +100,7 @@ pub async fn set_circuit(
         .get(path.as_str())
         .ok_or_else(|| ApiError::NotFound(format!("buyer {:?}", path.as_str())))?;
     let status = buyer
+        .addr
         .send(ForceCircuit { state: wanted })
         .await
         .map_err(|error| ApiError::Unavailable(format!("buyer actor: {error}")))?;

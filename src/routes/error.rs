@@ -17,6 +17,9 @@ pub enum ApiError {
     BadRequest(String),
     #[error("{0} not found")]
     NotFound(String),
+    /// The resource's state does not allow it (e.g. rerouting a sold lead).
+    #[error("{0}")]
+    Conflict(String),
     #[error("{0} is unavailable")]
     Unavailable(String),
     #[error("the database is unavailable")]
@@ -32,6 +35,7 @@ impl ApiError {
             Self::RateLimited { .. } => "rate_limited",
             Self::BadRequest(_) => "bad_request",
             Self::NotFound(_) => "not_found",
+            Self::Conflict(_) => "conflict",
             Self::Unavailable(_) => "unavailable",
             Self::Database(_) => "database_unavailable",
         }
@@ -46,6 +50,7 @@ impl ResponseError for ApiError {
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::Conflict(_) => StatusCode::CONFLICT,
             Self::Unavailable(_) | Self::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -59,5 +64,16 @@ impl ResponseError for ApiError {
             response.insert_header((header::RETRY_AFTER, retry_after_secs.to_string()));
         }
         response.json(json!({"error": self.code(), "message": self.to_string()}))
+    }
+}
+
+impl From<crate::store::OperationError> for ApiError {
+    fn from(error: crate::store::OperationError) -> Self {
+        use crate::store::OperationError;
+        match error {
+            OperationError::NotFound => Self::NotFound("lead".into()),
+            OperationError::Conflict(message) => Self::Conflict(message),
+            OperationError::Database(error) => Self::Database(error),
+        }
     }
 }

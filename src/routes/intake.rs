@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 
 use super::{form_page, secrets_equal, ApiError, AppState};
 use crate::actors::SubmitLead;
-use crate::config::{SourceKind, SourceSettings};
+use crate::config::{Settings, SourceKind, SourceSettings};
 use crate::domain::{
     new_id, normalize, parse_body, Acceptance, BodyError, BodyFormat, Contract, FieldError,
     LeadState, RequestMeta,
@@ -39,7 +39,8 @@ pub async fn submit(
     query: web::Query<SourceQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let body = read_body(&request, payload, state.settings.server.max_body_bytes).await?;
+    let settings = state.settings();
+    let body = read_body(&request, payload, settings.server.max_body_bytes).await?;
     let content_type = header_text(&request, header::CONTENT_TYPE.as_str());
     let format = BodyFormat::of(content_type.as_deref());
     let parsed = format.clone().and_then(|format| parse_body(format, &body));
@@ -48,7 +49,7 @@ pub async fn submit(
         .ok()
         .and_then(|map| map.get("source"))
         .and_then(Value::as_str);
-    let source = identify_source(&request, &state, query.source.as_deref().or(body_source))?;
+    let source = identify_source(&request, &settings, query.source.as_deref().or(body_source))?;
     admit(&state, source, client_ip(&request))?;
 
     let header_key = header_text(&request, "idempotency-key").filter(|key| !key.trim().is_empty());
@@ -87,10 +88,11 @@ pub async fn submit_batch(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let max_lead_bytes = state.settings.server.max_body_bytes;
+    let settings = state.settings();
+    let max_lead_bytes = settings.server.max_body_bytes;
     let body = read_body(&request, payload, max_lead_bytes * BATCH_BODY_FACTOR).await?;
     let source = match header_text(&request, "x-api-key") {
-        Some(key) => feed_for_key(&state, &key)?,
+        Some(key) => feed_for_key(&settings, &key)?,
         None => {
             return Err(ApiError::Unauthorized(
                 "batch intake is for feeds: send X-Api-Key".into(),
@@ -190,23 +192,18 @@ async fn read_body(
 /// A feed by its `X-Api-Key`, else a form by name; anything else is 401.
 fn identify_source<'a>(
     request: &HttpRequest,
-    state: &'a AppState,
+    settings: &'a Settings,
     form_name: Option<&str>,
 ) -> Result<&'a SourceSettings, ApiError> {
     if let Some(key) = header_text(request, "x-api-key") {
-        return feed_for_key(state, &key);
+        return feed_for_key(settings, &key);
     }
     let Some(name) = form_name else {
         return Err(ApiError::Unauthorized(
             "name a form source (?source= or a source field) or send a feed's X-Api-Key".into(),
         ));
     };
-    match state
-        .settings
-        .sources
-        .iter()
-        .find(|source| source.id == name)
-    {
+    match settings.sources.iter().find(|source| source.id == name) {
         Some(source) if source.kind == SourceKind::Form => Ok(source),
         Some(_) => Err(ApiError::Unauthorized(format!(
             "source {name:?} is a feed: send its X-Api-Key"
@@ -217,9 +214,9 @@ fn identify_source<'a>(
 
 /// Compares the key with every feed's key in constant time, so timing does
 /// not reveal which feed (or how much of a key) matched.
-fn feed_for_key<'a>(state: &'a AppState, key: &str) -> Result<&'a SourceSettings, ApiError> {
+fn feed_for_key<'a>(settings: &'a Settings, key: &str) -> Result<&'a SourceSettings, ApiError> {
     let mut found = None;
-    for source in &state.settings.sources {
+    for source in &settings.sources {
         if let Some(expected) = &source.api_key {
             if secrets_equal(key, expected.expose()) {
                 found = Some(source);

@@ -37,15 +37,114 @@ pub async fn show(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let row = find(&state, &path).await?;
+    Ok(HttpResponse::Ok().json(full_view(&state, row).await?))
+}
+
+/// The lead with its attempts and why it is where it is.
+pub async fn full_view(state: &AppState, row: lead::Model) -> Result<LeadView, ApiError> {
     let attempts = state.store.attempts_of(&row.id).await?;
     let sale = state
         .store
         .sales_of(std::slice::from_ref(&row.id))
         .await?
         .remove(&row.id);
+    let why = explain(&row, sale.as_ref(), &attempts);
     let mut view = LeadView::new(row, sale, state.awaiting_required_notify());
+    view.why = Some(why);
     view.attempts = Some(attempts.into_iter().map(AttemptView::from).collect());
-    Ok(HttpResponse::Ok().json(view))
+    Ok(view)
+}
+
+/// Why the lead is in its state, in plain words, from its row and history.
+fn explain(row: &lead::Model, sale: Option<&sale::Model>, attempts: &[attempt::Model]) -> String {
+    let current: Vec<&attempt::Model> = attempts
+        .iter()
+        .filter(|attempt| {
+            row.history_from
+                .is_none_or(|from| attempt.started_at >= from)
+        })
+        .collect();
+    let rerouted = if row.history_from.is_some() {
+        " (rerouted by an operator)"
+    } else {
+        ""
+    };
+    match LeadState::parse(&row.state) {
+        Some(LeadState::Received) => format!("stored and waiting to be routed{rerouted}"),
+        Some(LeadState::Routing) => format!(
+            "being routed by instance {} (lease until {}){rerouted}",
+            row.lease_owner.as_deref().unwrap_or("?"),
+            row.lease_until
+                .map(|until| until.to_rfc3339())
+                .unwrap_or_default()
+        ),
+        Some(LeadState::Sold) => match sale {
+            Some(sale) => format!(
+                "sold to {} at {}{}",
+                sale.buyer_id,
+                sale.sold_at.to_rfc3339(),
+                sale.price
+                    .map(|price| format!(" for {price}"))
+                    .unwrap_or_default()
+            ),
+            None => "sold".into(),
+        },
+        Some(LeadState::Unknown) => {
+            let post = current
+                .iter()
+                .rev()
+                .find(|attempt| attempt.kind == "post" && attempt.outcome == "timeout");
+            match post {
+                Some(post) => format!(
+                    "the post to {} got no answer ({}): the buyer may have accepted it; it is not re-sent — check with the buyer, then resolve or reroute",
+                    post.buyer_id,
+                    post.reason.as_deref().unwrap_or("timeout")
+                ),
+                None => "a post's fate is unknown; resolve or reroute".into(),
+            }
+        }
+        Some(LeadState::Unsold) => {
+            let mut last_by_buyer: Vec<(&str, String)> = Vec::new();
+            for attempt in &current {
+                let verdict = match &attempt.reason {
+                    Some(reason) => format!("{} {} ({reason})", attempt.kind, attempt.outcome),
+                    None => format!("{} {}", attempt.kind, attempt.outcome),
+                };
+                match last_by_buyer
+                    .iter_mut()
+                    .find(|(buyer, _)| *buyer == attempt.buyer_id)
+                {
+                    Some(entry) => entry.1 = verdict,
+                    None => last_by_buyer.push((&attempt.buyer_id, verdict)),
+                }
+            }
+            if last_by_buyer.is_empty() {
+                return "no buyer was eligible".into();
+            }
+            let each: Vec<String> = last_by_buyer
+                .into_iter()
+                .map(|(buyer, verdict)| format!("{buyer}: {verdict}"))
+                .collect();
+            format!("no buyer bought it — {}", each.join("; "))
+        }
+        Some(LeadState::Invalid) => {
+            let errors: Vec<FieldError> =
+                serde_json::from_value(row.errors.clone()).unwrap_or_default();
+            let each: Vec<String> = errors
+                .iter()
+                .map(|error| format!("{}: {}", error.field, error.message))
+                .collect();
+            format!(
+                "failed validation ({}); fix it with PATCH /v1/leads/{{id}}",
+                each.join("; ")
+            )
+        }
+        Some(LeadState::Duplicate) => format!(
+            "the same person as lead {} within the duplicate window; never routed",
+            row.duplicate_of.as_deref().unwrap_or("?")
+        ),
+        None => format!("unrecognised state {:?}", row.state),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,7 +226,7 @@ async fn page_response(state: &AppState, page: LeadPage) -> Result<HttpResponse,
     })))
 }
 
-async fn find(state: &AppState, id: &str) -> Result<lead::Model, ApiError> {
+pub async fn find(state: &AppState, id: &str) -> Result<lead::Model, ApiError> {
     state
         .store
         .find_lead(id)
@@ -156,6 +255,9 @@ pub struct LeadView {
     price: Option<f64>,
     errors: Vec<FieldError>,
     duplicate_of: Option<String>,
+    /// Why the lead is where it is (the single-lead view only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    why: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     attempts: Option<Vec<AttemptView>>,
 }
@@ -190,6 +292,7 @@ impl LeadView {
             sold_to: sale.as_ref().map(|sale| sale.buyer_id.clone()),
             price: sale.and_then(|sale| sale.price),
             duplicate_of: row.duplicate_of,
+            why: None,
             attempts: None,
         }
     }
@@ -214,6 +317,7 @@ pub struct AttemptView {
 }
 
 impl From<attempt::Model> for AttemptView {
+    /// Also the answer of `POST /v1/attempts/{id}/retry`.
     fn from(row: attempt::Model) -> Self {
         Self {
             id: row.id,

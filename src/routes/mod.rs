@@ -1,6 +1,7 @@
 //! The HTTP API (SPEC section 5), one module per resource, and the state
 //! every handler shares.
 
+mod admin;
 mod auth;
 mod buyers;
 mod error;
@@ -18,22 +19,31 @@ pub use auth::{secrets_equal, Admin};
 pub use error::ApiError;
 
 use crate::actors::Tree;
-use crate::config::Settings;
+use crate::config::{Settings, SharedSettings};
 use crate::rate_limit::RateLimiter;
 use crate::store::Store;
 
 /// What handlers share: settings, the store, the actors, the rate limiter.
 pub struct AppState {
-    pub settings: Arc<Settings>,
+    /// Replaced whole by a reload; take [`AppState::settings`] per request.
+    pub settings: SharedSettings,
     pub store: Store,
     pub tree: Tree,
     pub limiter: RateLimiter,
 }
 
 impl AppState {
+    /// The settings now.
+    pub fn settings(&self) -> Arc<Settings> {
+        self.settings.current()
+    }
+
     /// True while some required notify channel must confirm before `accepted`.
     pub fn awaiting_required_notify(&self) -> bool {
-        self.settings.notify.iter().any(|channel| channel.required)
+        self.settings()
+            .notify
+            .iter()
+            .any(|channel| channel.required)
     }
 }
 
@@ -52,6 +62,13 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/leads", web::get().to(leads::list))
         .route("/v1/leads/batch", web::post().to(intake::submit_batch))
         .route("/v1/leads/{id}", web::get().to(leads::show))
+        .route("/v1/leads/{id}", web::patch().to(admin::fix))
+        .route("/v1/leads/{id}/reroute", web::post().to(admin::reroute))
+        .route("/v1/leads/{id}/resolve", web::post().to(admin::resolve))
+        .route("/v1/leads/{id}/return", web::post().to(admin::return_lead))
+        .route("/v1/attempts/{id}/retry", web::post().to(admin::retry))
+        .route("/v1/alerts", web::get().to(admin::alerts))
+        .route("/v1/admin/reload", web::post().to(admin::reload))
         .route("/v1/leads/{id}/status", web::get().to(leads::status))
         .route("/v1/review", web::get().to(leads::review))
         .route("/v1/status", web::get().to(status::status))

@@ -14,7 +14,7 @@ pub async fn status(
     request: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    if !state.settings.server.status_public {
+    if !state.settings().server.status_public {
         Admin::check(&request)?;
     }
     let (buyers, database) = live_buyer_views(&state).await;

@@ -283,6 +283,8 @@ fn lead_row(new: &NewLead, duplicate_of: Option<String>) -> lead::Model {
         lease_until: None,
         received_at: new.received_at,
         updated_at: new.received_at,
+        history_from: None,
+        offer_tried: false,
     }
 }
 
@@ -462,7 +464,7 @@ impl Store {
             .collect())
     }
 
-    /// The sale of each lead in `lead_ids` that has one.
+    /// The sale (not returned) of each lead in `lead_ids` that has one.
     pub async fn sales_of(
         &self,
         lead_ids: &[String],
@@ -472,6 +474,7 @@ impl Store {
         }
         let sales = sale::Entity::find()
             .filter(sale::Column::LeadId.is_in(lead_ids.iter().map(String::as_str)))
+            .filter(sale::Column::ReturnedAt.is_null())
             .all(&self.db)
             .await?;
         Ok(sales

@@ -3,6 +3,7 @@
 
 mod attempt_writer;
 mod leads;
+mod operations;
 mod routing;
 
 use std::time::Duration;
@@ -12,6 +13,7 @@ use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
 
 pub use leads::{contract_of_row, DuplicateRule, LeadFilter, LeadPage, NewLead, PersistOutcome};
+pub use operations::{OperationError, Settlement};
 pub use routing::{AttemptEnd, NewAttempt, OutcomeCounts};
 
 use crate::config::DatabaseSettings;

@@ -7,15 +7,16 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use entity::{alert, attempt, lead, sale};
-use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::sea_query::Expr;
 use sea_orm::sea_query::{LockBehavior, LockType};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, DbErr, EntityTrait, PaginatorTrait, QueryFilter,
-    QueryOrder, QuerySelect, QueryTrait, TransactionTrait,
+    QueryOrder, QuerySelect, QueryTrait, SqlErr, TransactionTrait,
 };
 use serde_json::Value;
 
 use super::attempt_writer::AttemptWrite;
+use super::operations::new_sale;
 use super::Store;
 use crate::domain::{new_id, LeadState};
 
@@ -375,37 +376,34 @@ impl Store {
     }
 
     /// Records the sale; false when the lead was already sold (the unique
-    /// index on `sales.lead_id` makes a second sale impossible).
+    /// index on `sales.lead_id`, among sales not returned, makes a second
+    /// sale impossible).
     pub async fn record_sale(
         &self,
         lead_id: &str,
         buyer_id: &str,
-        attempt_id: &str,
+        attempt_id: Option<&str>,
         price: Option<f64>,
     ) -> Result<bool, DbErr> {
-        let inserted = sale::Entity::insert(sale::ActiveModel {
-            id: Set(new_id()),
-            lead_id: Set(lead_id.into()),
-            buyer_id: Set(buyer_id.into()),
-            attempt_id: Set(Some(attempt_id.into())),
-            price: Set(price),
-            sold_at: Set(Utc::now()),
-        })
-        .on_conflict(
-            OnConflict::column(sale::Column::LeadId)
-                .do_nothing()
-                .to_owned(),
-        )
-        .exec_without_returning(&self.db)
-        .await?;
-        Ok(inserted == 1)
+        let sale = new_sale(lead_id, buyer_id, attempt_id.map(str::to_string), price);
+        let inserted = sale::Entity::insert(sale)
+            .exec_without_returning(&self.db)
+            .await;
+        match inserted {
+            Ok(_) => Ok(true),
+            Err(error) if matches!(error.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) => {
+                Ok(false)
+            }
+            Err(error) => Err(error),
+        }
     }
 
-    /// Sales to a buyer since `since` (for caps).
+    /// Sales to a buyer since `since` (for caps), returns not counted.
     pub async fn sales_since(&self, buyer_id: &str, since: DateTime<Utc>) -> Result<u64, DbErr> {
         sale::Entity::find()
             .filter(sale::Column::BuyerId.eq(buyer_id))
             .filter(sale::Column::SoldAt.gte(since))
+            .filter(sale::Column::ReturnedAt.is_null())
             .count(&self.db)
             .await
     }
@@ -420,6 +418,7 @@ impl Store {
             .column(sale::Column::BuyerId)
             .column_as(sale::Column::Id.count(), "sales")
             .filter(sale::Column::SoldAt.gte(since))
+            .filter(sale::Column::ReturnedAt.is_null())
             .group_by(sale::Column::BuyerId)
             .into_tuple()
             .all(&self.db)
@@ -469,8 +468,10 @@ impl Store {
         buyer_id: Option<&str>,
         lead_id: Option<&str>,
         message: &str,
+        notified: bool,
     ) -> Result<(), DbErr> {
         alert::Entity::insert(alert::ActiveModel {
+            notified: Set(notified),
             id: Set(new_id()),
             kind: Set(kind.into()),
             buyer_id: Set(buyer_id.map(str::to_string)),

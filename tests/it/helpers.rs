@@ -92,8 +92,10 @@ pub struct TestApp {
     pub address: String,
     pub store: Store,
     pub client: awc::Client,
+    /// The configuration file (in-process apps), for reload tests.
+    pub config_path: Option<std::path::PathBuf>,
     _database: Option<TestDatabase>,
-    _spool: Option<tempfile::TempDir>,
+    _files: Option<tempfile::TempDir>,
 }
 
 pub async fn spawn_app(backend: Backend) -> TestApp {
@@ -107,8 +109,12 @@ pub async fn spawn_app_with(backend: Backend, extra: &str) -> TestApp {
     let mut settings = test_settings(extra);
     settings.database.url = config::Secret::new(database.url.clone());
     settings.server.listen = "127.0.0.1:0".into();
-    let spool = tempfile::tempdir().expect("spool dir");
-    settings.intake.spool_dir = spool.path().to_path_buf();
+    let files = tempfile::tempdir().expect("temp dir");
+    settings.intake.spool_dir = files.path().join("spool");
+    // The file a reload reads: the same text, with this test's database.
+    let config_path = files.path().join("leadrouter.toml");
+    write_config(&config_path, &database.url, extra);
+    settings.source_path = Some(config_path.clone());
     let application = Application::build(settings).await.expect("app builds");
     let address = format!("http://127.0.0.1:{}", application.port());
     let store = application.store().clone();
@@ -116,9 +122,21 @@ pub async fn spawn_app_with(backend: Backend, extra: &str) -> TestApp {
     actix_web::rt::spawn(application.run_until_stopped());
     TestApp {
         _database: Some(database),
-        _spool: Some(spool),
+        _files: Some(files),
+        config_path: Some(config_path),
         ..TestApp::at(address, store)
     }
+}
+
+/// Writes the configuration file of an in-process app: `BASE_CONFIG` plus
+/// `extra`, on `database_url` (what `POST /v1/admin/reload` reads).
+pub fn write_config(path: &std::path::Path, database_url: &str, extra: &str) {
+    let spool = path.with_file_name("spool");
+    let text = format!(
+        "{BASE_CONFIG}\n{extra}\n[database]\nurl = \"{database_url}\"\n[intake]\nspool_dir = \"{}\"\n",
+        spool.display()
+    );
+    std::fs::write(path, text).expect("config file written");
 }
 
 impl TestApp {
@@ -132,8 +150,9 @@ impl TestApp {
                 .timeout(Duration::from_secs(30))
                 .disable_redirects()
                 .finish(),
+            config_path: None,
             _database: None,
-            _spool: None,
+            _files: None,
         }
     }
 }

@@ -7,6 +7,7 @@ mod helpers;
 mod process;
 mod scratch_db;
 
+mod admin;
 mod config;
 mod intake;
 mod reads;

@@ -292,7 +292,7 @@ async fn two_buyers_that_both_accept_make_one_sale(backend: Backend) {
     // The unique index refuses a second sale whatever asks for it.
     let again = app
         .store
-        .record_sale(&ids[0], "second", "attempt-x", Some(1.0))
+        .record_sale(&ids[0], "second", Some("attempt-x"), Some(1.0))
         .await
         .unwrap();
     assert!(!again);

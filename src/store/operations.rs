@@ -1,0 +1,275 @@
+//! What operators do to leads through the admin API: fix an invalid lead,
+//! reroute, settle an `unknown` lead by hand, record a return, mark a lead
+//! sold by a retried post; and the alert list. Every change is a conditional
+//! UPDATE on the lead's state, so two operators (or an operator and the
+//! router) cannot both win; the one-sale rule stays with the unique index.
+
+use chrono::Utc;
+use entity::{alert, attempt, lead, sale};
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    SqlErr, TransactionTrait,
+};
+use serde_json::{Map, Value};
+
+use super::Store;
+use crate::domain::{new_id, FieldError, LeadState};
+
+/// Why an operator's change was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum OperationError {
+    #[error("no such lead")]
+    NotFound,
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Database(#[from] DbErr),
+}
+
+/// How a hand settlement of an `unknown` lead ends.
+pub struct Settlement<'a> {
+    pub buyer_id: &'a str,
+    pub sold: bool,
+    pub price: Option<f64>,
+}
+
+impl Store {
+    /// Replaces an invalid lead's normalised fields and errors (the raw
+    /// payload stays as it arrived); without errors it moves to `received`.
+    pub async fn fix_invalid_lead(
+        &self,
+        lead_id: &str,
+        fields: Map<String, Value>,
+        errors: &[FieldError],
+    ) -> Result<lead::Model, OperationError> {
+        let state = if errors.is_empty() {
+            LeadState::Received
+        } else {
+            LeadState::Invalid
+        };
+        let changed = lead::Entity::update_many()
+            .col_expr(lead::Column::Fields, Expr::value(Value::Object(fields)))
+            .col_expr(
+                lead::Column::Errors,
+                Expr::value(serde_json::to_value(errors).unwrap_or_default()),
+            )
+            .col_expr(lead::Column::State, Expr::value(state.as_str()))
+            .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
+            .filter(lead::Column::Id.eq(lead_id))
+            .filter(lead::Column::State.eq(LeadState::Invalid.as_str()))
+            .exec(&self.db)
+            .await?
+            .rows_affected;
+        self.after_change(lead_id, changed, "only an invalid lead can be fixed")
+            .await
+    }
+
+    /// Puts an `unsold` or `unknown` lead back to be routed, with a new
+    /// routing history; `include_tried` lets buyers it was posted to before
+    /// be offered it again.
+    pub async fn reroute_lead(
+        &self,
+        lead_id: &str,
+        include_tried: bool,
+    ) -> Result<lead::Model, OperationError> {
+        let changed = lead::Entity::update_many()
+            .col_expr(
+                lead::Column::State,
+                Expr::value(LeadState::Received.as_str()),
+            )
+            .col_expr(lead::Column::HistoryFrom, Expr::value(Utc::now()))
+            .col_expr(lead::Column::OfferTried, Expr::value(include_tried))
+            .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
+            .filter(lead::Column::Id.eq(lead_id))
+            .filter(
+                lead::Column::State
+                    .is_in([LeadState::Unsold.as_str(), LeadState::Unknown.as_str()]),
+            )
+            .exec(&self.db)
+            .await?
+            .rows_affected;
+        self.after_change(
+            lead_id,
+            changed,
+            "only an unsold or unknown lead can be rerouted",
+        )
+        .await
+    }
+
+    /// Settles an `unknown` lead by hand: sold to `buyer_id` (a sale row,
+    /// tied to that buyer's unanswered post) or not sold (`unsold`).
+    pub async fn resolve_unknown_lead(
+        &self,
+        lead_id: &str,
+        settlement: Settlement<'_>,
+    ) -> Result<lead::Model, OperationError> {
+        let txn = self.db.begin().await?;
+        let state = if settlement.sold {
+            LeadState::Sold
+        } else {
+            LeadState::Unsold
+        };
+        let changed = lead::Entity::update_many()
+            .col_expr(lead::Column::State, Expr::value(state.as_str()))
+            .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
+            .filter(lead::Column::Id.eq(lead_id))
+            .filter(lead::Column::State.eq(LeadState::Unknown.as_str()))
+            .exec(&txn)
+            .await?
+            .rows_affected;
+        if changed == 0 {
+            drop(txn);
+            return self
+                .after_change(lead_id, 0, "only an unknown lead can be resolved")
+                .await;
+        }
+        if settlement.sold {
+            let post: Option<String> = attempt::Entity::find()
+                .select_only()
+                .column(attempt::Column::Id)
+                .filter(attempt::Column::LeadId.eq(lead_id))
+                .filter(attempt::Column::BuyerId.eq(settlement.buyer_id))
+                .filter(attempt::Column::Kind.eq("post"))
+                .order_by_desc(attempt::Column::StartedAt)
+                .into_tuple()
+                .one(&txn)
+                .await?;
+            let inserted = sale::Entity::insert(new_sale(
+                lead_id,
+                settlement.buyer_id,
+                post,
+                settlement.price,
+            ))
+            .exec_without_returning(&txn)
+            .await;
+            if let Err(error) = inserted {
+                return Err(match error.sql_err() {
+                    Some(SqlErr::UniqueConstraintViolation(_)) => {
+                        OperationError::Conflict("the lead is already sold".into())
+                    }
+                    _ => error.into(),
+                });
+            }
+        }
+        txn.commit().await?;
+        self.after_change(lead_id, 1, "").await
+    }
+
+    /// Records that the buyer returned a sold lead: the sale is marked
+    /// returned (so it no longer counts as the lead's one sale) and the lead
+    /// becomes `unsold`, or `received` with a new history when `reroute`
+    /// (the buyer that returned it is not offered it again).
+    pub async fn return_lead(
+        &self,
+        lead_id: &str,
+        reason: &str,
+        reroute: bool,
+    ) -> Result<lead::Model, OperationError> {
+        let txn = self.db.begin().await?;
+        let now = Utc::now();
+        let state = if reroute {
+            LeadState::Received
+        } else {
+            LeadState::Unsold
+        };
+        let changed = lead::Entity::update_many()
+            .col_expr(lead::Column::State, Expr::value(state.as_str()))
+            .col_expr(lead::Column::HistoryFrom, Expr::value(now))
+            .col_expr(lead::Column::OfferTried, Expr::value(false))
+            .col_expr(lead::Column::UpdatedAt, Expr::value(now))
+            .filter(lead::Column::Id.eq(lead_id))
+            .filter(lead::Column::State.eq(LeadState::Sold.as_str()))
+            .exec(&txn)
+            .await?
+            .rows_affected;
+        if changed == 0 {
+            drop(txn);
+            return self
+                .after_change(lead_id, 0, "only a sold lead can be returned")
+                .await;
+        }
+        sale::Entity::update_many()
+            .col_expr(sale::Column::ReturnedAt, Expr::value(now))
+            .col_expr(sale::Column::ReturnReason, Expr::value(reason))
+            .filter(sale::Column::LeadId.eq(lead_id))
+            .filter(sale::Column::ReturnedAt.is_null())
+            .exec(&txn)
+            .await?;
+        txn.commit().await?;
+        self.after_change(lead_id, 1, "").await
+    }
+
+    /// A retried post was accepted and its sale recorded: an `unknown`,
+    /// `unsold` or `received` lead becomes `sold`.
+    pub async fn mark_sold(&self, lead_id: &str) -> Result<(), DbErr> {
+        lead::Entity::update_many()
+            .col_expr(lead::Column::State, Expr::value(LeadState::Sold.as_str()))
+            .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
+            .filter(lead::Column::Id.eq(lead_id))
+            .filter(lead::Column::State.is_in([
+                LeadState::Unknown.as_str(),
+                LeadState::Unsold.as_str(),
+                LeadState::Received.as_str(),
+            ]))
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn find_attempt(&self, attempt_id: &str) -> Result<Option<attempt::Model>, DbErr> {
+        attempt::Entity::find_by_id(attempt_id.to_string())
+            .one(&self.db)
+            .await
+    }
+
+    /// Alerts, newest first.
+    pub async fn recent_alerts(&self, limit: u64) -> Result<Vec<alert::Model>, DbErr> {
+        alert::Entity::find()
+            .order_by_desc(alert::Column::CreatedAt)
+            .order_by_desc(alert::Column::Id)
+            .limit(limit)
+            .all(&self.db)
+            .await
+    }
+
+    /// The lead after a conditional change; `changed == 0` means its state
+    /// did not allow it (or it does not exist).
+    async fn after_change(
+        &self,
+        lead_id: &str,
+        changed: u64,
+        refusal: &str,
+    ) -> Result<lead::Model, OperationError> {
+        let row = self
+            .find_lead(lead_id)
+            .await?
+            .ok_or(OperationError::NotFound)?;
+        if changed == 0 {
+            return Err(OperationError::Conflict(format!(
+                "{refusal}; this one is {}",
+                row.state
+            )));
+        }
+        Ok(row)
+    }
+}
+
+/// A sale row (not returned).
+pub(super) fn new_sale(
+    lead_id: &str,
+    buyer_id: &str,
+    attempt_id: Option<String>,
+    price: Option<f64>,
+) -> sale::ActiveModel {
+    sale::ActiveModel {
+        id: Set(new_id()),
+        lead_id: Set(lead_id.into()),
+        buyer_id: Set(buyer_id.into()),
+        attempt_id: Set(attempt_id),
+        price: Set(price),
+        sold_at: Set(Utc::now()),
+        returned_at: Set(None),
+        return_reason: Set(None),
+    }
+}
