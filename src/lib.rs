@@ -15,6 +15,7 @@
 //! - [`actors`]: the supervision tree: intake, router, buyers, waterfalls.
 //! - [`spool`]: the durable journal intake uses while the database is down.
 //! - [`alerts`]: alerts to the error log and the database.
+//! - [`renormalize`]: `leadrouter renormalize`, fields re-derived from raw payloads.
 //! - [`reload`]: configuration reload (admin endpoint and SIGHUP).
 //! - [`routes`]: the HTTP API, one module per resource.
 //! - [`rate_limit`]: token buckets per source and client IP.
@@ -29,6 +30,7 @@ pub mod domain;
 pub mod mock_buyer;
 pub mod rate_limit;
 pub mod reload;
+pub mod renormalize;
 pub mod routes;
 pub mod spool;
 pub mod startup;

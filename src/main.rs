@@ -29,8 +29,22 @@ enum Command {
     Migrate(ConfigArg),
     /// Serve a self-contained demo (SQLite in data/demo, demo buyers, a demo form).
     Demo,
+    /// Re-derive a source's normalised fields from the stored raw payloads.
+    Renormalize(RenormalizeArgs),
     /// Run a buyer API simulator (POST /ping and /post).
     MockBuyer(MockBuyerArgs),
+}
+
+#[derive(clap::Args)]
+struct RenormalizeArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// The source whose leads to re-derive
+    #[arg(long)]
+    source: String,
+    /// How far back, e.g. 7d or 12h
+    #[arg(long, value_parser = humantime::parse_duration)]
+    since: std::time::Duration,
 }
 
 #[derive(clap::Args)]
@@ -76,6 +90,7 @@ fn main() -> ExitCode {
         Command::Serve(arg) => run(serve(arg.path())),
         Command::Migrate(arg) => run(migrate(arg.path())),
         Command::Demo => run(leadrouter::demo::run()),
+        Command::Renormalize(args) => run(renormalize(args)),
         Command::MockBuyer(args) => {
             let behaviour = leadrouter::mock_buyer::Behaviour {
                 accept_rate: args.accept_rate,
@@ -127,6 +142,13 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
         application.port()
     );
     application.run_until_stopped().await?;
+    Ok(())
+}
+
+async fn renormalize(args: RenormalizeArgs) -> anyhow::Result<()> {
+    let settings = config::load(&args.config.path())?;
+    let report = leadrouter::renormalize::run(&settings, &args.source, args.since).await?;
+    println!("source {}: {report}", args.source);
     Ok(())
 }
 

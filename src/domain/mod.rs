@@ -7,7 +7,9 @@ mod normalize;
 mod payload;
 
 pub use contract::{Acceptance, Contract, FieldError, LeadState};
-pub use normalize::{check_fields, normalize, Normalized, RequestMeta, ATTRIBUTION_KEYS};
+pub use normalize::{
+    check_fields, normalize, normalize_parsed, Normalized, RequestMeta, ATTRIBUTION_KEYS,
+};
 pub use payload::{parse_body, BodyError, BodyFormat};
 
 /// A new server-issued id: UUIDv7, so ids sort by arrival time.

@@ -7,7 +7,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
-use super::FieldError;
+use super::{BodyError, FieldError};
 use crate::config::SourceSettings;
 
 /// Attribution keys read from the body (top level or an `attribution` object).
@@ -52,6 +52,22 @@ pub struct Normalized {
     pub submission_id: Option<String>,
     pub is_test: bool,
     pub errors: Vec<FieldError>,
+}
+
+/// As [`normalize`], for a body that may not have parsed: an unparsable
+/// body gives the empty normalisation with a `body` error.
+pub fn normalize_parsed(
+    parsed: &Result<Map<String, Value>, BodyError>,
+    source: &SourceSettings,
+    meta: &RequestMeta,
+) -> Normalized {
+    match parsed {
+        Ok(body) => normalize(body, source, meta),
+        Err(error) => Normalized {
+            errors: vec![FieldError::new("body", error.to_string())],
+            ..normalize(&Map::new(), source, meta)
+        },
+    }
 }
 
 /// Normalises and validates a parsed body for `source`.

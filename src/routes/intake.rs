@@ -16,8 +16,8 @@ use super::{form_page, secrets_equal, ApiError, AppState};
 use crate::actors::SubmitLead;
 use crate::config::{Settings, SourceKind, SourceSettings};
 use crate::domain::{
-    new_id, normalize, parse_body, Acceptance, BodyError, BodyFormat, Contract, FieldError,
-    LeadState, RequestMeta,
+    new_id, normalize_parsed, parse_body, Acceptance, BodyError, BodyFormat, Contract, LeadState,
+    RequestMeta,
 };
 use crate::store::NewLead;
 
@@ -245,17 +245,8 @@ fn build_lead(
     meta: RequestMeta,
     header_key: Option<String>,
 ) -> NewLead {
-    let (normalized, errors) = match &parsed {
-        Ok(body) => {
-            let normalized = normalize(body, source, &meta);
-            let errors = normalized.errors.clone();
-            (normalized, errors)
-        }
-        Err(error) => (
-            normalize(&Map::new(), source, &meta),
-            vec![FieldError::new("body", error.to_string())],
-        ),
-    };
+    let normalized = normalize_parsed(&parsed, source, &meta);
+    let errors = normalized.errors.clone();
     NewLead {
         id: new_id(),
         source_id: source.id.clone(),

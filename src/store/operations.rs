@@ -65,6 +65,56 @@ impl Store {
             .await
     }
 
+    /// Replaces the normalised fields and errors of a lead that is not
+    /// invalid (its state stays; see `fix_invalid_lead` for invalid ones).
+    /// A `received` lead that became invalid goes to the review queue.
+    pub async fn refresh_fields(
+        &self,
+        lead: &lead::Model,
+        fields: Map<String, Value>,
+        errors: &[FieldError],
+    ) -> Result<(), DbErr> {
+        let state = match LeadState::parse(&lead.state) {
+            Some(LeadState::Received) if !errors.is_empty() => LeadState::Invalid.as_str(),
+            _ => lead.state.as_str(),
+        };
+        lead::Entity::update_many()
+            .col_expr(lead::Column::Fields, Expr::value(Value::Object(fields)))
+            .col_expr(
+                lead::Column::Errors,
+                Expr::value(serde_json::to_value(errors).unwrap_or_default()),
+            )
+            .col_expr(lead::Column::State, Expr::value(state))
+            .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
+            .filter(lead::Column::Id.eq(lead.id.as_str()))
+            .filter(lead::Column::State.eq(lead.state.as_str()))
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    /// A source's leads that arrived since `since`, `limit` at a time after
+    /// the id `after` (ids sort by arrival).
+    pub async fn leads_of_source(
+        &self,
+        source_id: &str,
+        since: chrono::DateTime<Utc>,
+        after: Option<&str>,
+        limit: u64,
+    ) -> Result<Vec<lead::Model>, DbErr> {
+        let mut query = lead::Entity::find()
+            .filter(lead::Column::SourceId.eq(source_id))
+            .filter(lead::Column::ReceivedAt.gte(since));
+        if let Some(after) = after {
+            query = query.filter(lead::Column::Id.gt(after));
+        }
+        query
+            .order_by_asc(lead::Column::Id)
+            .limit(limit)
+            .all(&self.db)
+            .await
+    }
+
     /// Puts an `unsold` or `unknown` lead back to be routed, with a new
     /// routing history; `include_tried` lets buyers it was posted to before
     /// be offered it again.

@@ -16,6 +16,7 @@ on_both_databases!(
     an_invalid_reload_keeps_the_running_configuration,
     a_returned_lead_is_offered_to_the_other_buyers,
     alerts_are_rate_limited_kept_and_sent_to_the_webhook,
+    renormalize_rederives_fields_from_raw_bytes_and_routes_the_fixed,
 );
 
 impl TestApp {
@@ -379,4 +380,96 @@ async fn alerts_are_rate_limited_kept_and_sent_to_the_webhook(backend: Backend) 
     assert_eq!(body["buyer_id"], "acme");
     let unauthorized = app.send(app.client.get(app.url("/v1/alerts")), "").await;
     assert_eq!(unauthorized.status, 401);
+}
+
+/// A feed whose mapping reads `email` from the wrong payload key.
+fn vendor_source(email_key: &str) -> String {
+    format!(
+        "[[sources]]\nid = \"vendor\"\nkind = \"feed\"\napi_key = \"vendor-key-0123456789\"\nrequired = [\"email\"]\n[sources.fields]\nemail = \"{email_key}\"\nzip = \"zip\"\n"
+    )
+}
+
+async fn renormalize_rederives_fields_from_raw_bytes_and_routes_the_fixed(backend: Backend) {
+    let buyer = TestBuyer::start(accept(), accept());
+    let buyer_toml = BuyerConfig::new("acme", 1).toml(&buyer.base);
+    let app = spawn_app_with(backend, &format!("{}{buyer_toml}", vendor_source("Email"))).await;
+    let mut ids = Vec::new();
+    for (n, body) in [
+        &br#"{"email_address": "ann@example.com", "zip": "94105"}"#[..],
+        br#"{"email_address": "bob@example.com", "zip": "10001", "extra": "\u00e9"}"#,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let request = app
+            .client
+            .post(app.url("/v1/leads"))
+            .insert_header(("Content-Type", "application/json"))
+            .insert_header(("X-Api-Key", "vendor-key-0123456789"))
+            .insert_header(("Idempotency-Key", format!("vendor-{n}")));
+        let answer = app.send(request, body.to_vec()).await;
+        assert_eq!(answer.status, 422, "the wrong mapping makes it invalid");
+        ids.push(answer.json()["submission_id"].as_str().unwrap().to_string());
+    }
+    let raw_before: Vec<Value> = futures_util::future::join_all(ids.iter().map(|id| app.lead(id)))
+        .await
+        .into_iter()
+        .map(|lead| json!([lead["raw"], lead["raw_base64"]]))
+        .collect();
+
+    let database_url = database_url_of(&app);
+    let config = app.config_path.clone().unwrap();
+    write_config(
+        &config,
+        &database_url,
+        &format!("{}{buyer_toml}", vendor_source("email_address")),
+    );
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_leadrouter"))
+        .args([
+            "renormalize",
+            "--source",
+            "vendor",
+            "--since",
+            "1h",
+            "--config",
+        ])
+        .arg(&config)
+        .output()
+        .expect("renormalize runs");
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(printed.contains("changed 2 (2 now valid"), "{printed}");
+
+    for (id, raw) in ids.iter().zip(raw_before) {
+        let lead = app.wait_for_state(id, "sold").await;
+        assert_eq!(
+            json!([lead["raw"], lead["raw_base64"]]),
+            raw,
+            "raw bytes untouched"
+        );
+        assert!(lead["fields"]["email"]
+            .as_str()
+            .unwrap()
+            .ends_with("@example.com"));
+    }
+    let again = std::process::Command::new(env!("CARGO_BIN_EXE_leadrouter"))
+        .args([
+            "renormalize",
+            "--source",
+            "vendor",
+            "--since",
+            "1h",
+            "--config",
+        ])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("changed 0"),
+        "a second run changes nothing"
+    );
 }

@@ -25,8 +25,34 @@ impl ServiceConfig {
     /// timeout, a 2 s lease, a 200 ms sweep, `shutdown_grace`, and `extra`
     /// TOML (buyers, other sections).
     pub fn write(database_url: &str, shutdown_grace: &str, extra: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let spool = dir.path().join("spool");
+        let config = Self {
+            dir: tempfile::tempdir().expect("temp dir"),
+            test_database_url: database_url.to_string(),
+        };
+        config.write_file(database_url, shutdown_grace, extra);
+        config
+    }
+
+    /// Writes the file again with other `extra` TOML (for reloads).
+    pub fn rewrite(&self, extra: &str) {
+        let text = std::fs::read_to_string(self.path()).expect("config read");
+        let database_url = text
+            .lines()
+            .find_map(|line| line.strip_prefix("url = \""))
+            .and_then(|rest| rest.strip_suffix('"'))
+            .expect("database url")
+            .to_string();
+        let grace = text
+            .lines()
+            .find_map(|line| line.strip_prefix("shutdown_grace = \""))
+            .and_then(|rest| rest.strip_suffix('"'))
+            .expect("grace")
+            .to_string();
+        self.write_file(&database_url, &grace, extra);
+    }
+
+    fn write_file(&self, database_url: &str, shutdown_grace: &str, extra: &str) {
+        let spool = self.dir.path().join("spool");
         let text = format!(
             r#"
 [server]
@@ -49,11 +75,7 @@ sweep_interval = "200ms"
 "#,
             spool = spool.display(),
         );
-        std::fs::write(dir.path().join("leadrouter.toml"), text).expect("config written");
-        Self {
-            dir,
-            test_database_url: database_url.to_string(),
-        }
+        std::fs::write(self.path(), text).expect("config written");
     }
 
     pub fn path(&self) -> PathBuf {
@@ -125,12 +147,17 @@ impl Service {
 
     /// Sends SIGTERM.
     pub fn terminate(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends a signal by name (`TERM`, `HUP`).
+    pub fn signal(&self, name: &str) {
         let status = Command::new("kill")
-            .arg("-TERM")
+            .arg(format!("-{name}"))
             .arg(self.child.id().to_string())
             .status()
             .expect("kill runs");
-        assert!(status.success(), "SIGTERM sent");
+        assert!(status.success(), "SIG{name} sent");
     }
 
     /// Waits for the process to exit on its own; panics after `within`.

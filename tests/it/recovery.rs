@@ -560,3 +560,38 @@ async fn a_post_longer_than_the_lease_is_not_taken_over_by_another_instance() {
     assert_eq!(routed_by.len(), 1, "one instance routed the lead");
     crate::helpers::close_stores().await;
 }
+
+#[actix_web::test]
+async fn sighup_reloads_the_configuration_file() {
+    let database = TestDatabase::create(Backend::Sqlite).await;
+    let first = TestBuyer::start(accept(), accept());
+    let second = TestBuyer::start(accept(), accept());
+    let config = ServiceConfig::write(
+        &database.url,
+        "1s",
+        &BuyerConfig::new("first", 1).toml(&first.base),
+    );
+    let service = Service::start(&config).await;
+    let extra = format!(
+        "{}{}",
+        BuyerConfig::new("first", 2).toml(&first.base),
+        BuyerConfig::new("second", 1).toml(&second.base)
+    );
+    config.rewrite(&extra);
+    service.signal("HUP");
+    wait_until(
+        "the second buyer to appear",
+        Duration::from_secs(10),
+        || async {
+            let buyers = service.app.admin_get("/v1/buyers").await.json();
+            buyers.as_array().is_some_and(|buyers| buyers.len() == 2)
+        },
+    )
+    .await;
+    let answer = service.app.post_feed_lead(&feed_lead("after-hup")).await;
+    let id = answer.json()["submission_id"].as_str().unwrap().to_string();
+    let sold = service.app.wait_for_state(&id, "sold").await;
+    assert_eq!(sold["sold_to"], "second", "the new priorities hold");
+    assert!(service.log().contains("configuration reloaded"));
+    crate::helpers::close_stores().await;
+}
