@@ -18,6 +18,7 @@
 //! - [`renormalize`]: `leadrouter renormalize`, fields re-derived from raw payloads.
 //! - [`reload`]: configuration reload (admin endpoint and SIGHUP).
 //! - [`routes`]: the HTTP API, one module per resource.
+//! - [`metrics`]: the `/metrics` counters, histogram and gauges.
 //! - [`rate_limit`]: token buckets per source and client IP.
 //! - [`telemetry`]: tracing set-up.
 
@@ -27,6 +28,7 @@ pub mod buyer;
 pub mod config;
 pub mod demo;
 pub mod domain;
+pub mod metrics;
 pub mod mock_buyer;
 pub mod rate_limit;
 pub mod reload;

@@ -15,9 +15,10 @@ use std::sync::atomic::Ordering;
 
 use crate::actors::router::Drain;
 use crate::actors::supervision::{Escalation, RestartLog};
-use crate::actors::{Overseer, Tree};
+use crate::actors::{Overseer, Services, Tree};
 use crate::alerts::Alerts;
 use crate::config::{Settings, SharedSettings};
+use crate::metrics::Metrics;
 use crate::rate_limit::RateLimiter;
 use crate::routes::{self, AppState};
 use crate::spool::Spool;
@@ -65,21 +66,22 @@ impl Application {
         tracing::info!(%instance_id, "starting the actors");
         let spool = Spool::open(&settings.intake.spool_dir);
         let (restarts, escalation) = RestartLog::new(&settings.supervision);
-        let alerts = Alerts::new(store.clone(), &settings.alerts);
-        let tree = Overseer::start(
-            store.clone(),
+        let metrics = Metrics::default();
+        let services = Services {
+            store: store.clone(),
             spool,
-            &settings,
-            instance_id,
             restarts,
-            alerts,
-        );
+            alerts: Alerts::new(store.clone(), &settings.alerts),
+            metrics: metrics.clone(),
+        };
+        let tree = Overseer::start(&settings, instance_id, services);
         let grace = settings.server.shutdown_grace;
         let state = web::Data::new(AppState {
             settings: SharedSettings::new(settings),
             store: store.clone(),
             tree: tree.clone(),
             limiter: RateLimiter::default(),
+            metrics,
         });
         actix_web::rt::spawn(crate::reload::reload_on_sighup(
             state.settings.clone(),

@@ -26,9 +26,11 @@ use crate::buyer::accept::{number_at, text_at, AcceptCheck};
 use crate::buyer::board::{Board, BuyerStatus};
 use crate::buyer::breaker::{Admission, Breaker, CircuitState};
 use crate::buyer::call::{exchange, Exchange};
+use crate::buyer::latency::Latencies;
 use crate::buyer::request::{self, LeadOffer, PingResult};
 use crate::buyer::{CallKind, CallOutcome, SkipReason};
 use crate::config::BuyerSettings;
+use crate::metrics::Metrics;
 use crate::store::{AttemptEnd, NewAttempt, Store};
 
 /// Idle connections are dropped before common server keep-alives (5 s)
@@ -75,6 +77,7 @@ pub struct CallReport {
     pub bid: Option<f64>,
     pub ping_id: Option<String>,
     pub price: Option<f64>,
+    pub took: Duration,
 }
 
 /// An operator's circuit override.
@@ -103,6 +106,7 @@ pub struct Buyer {
     breaker: Breaker,
     circuit_changed_at: DateTime<Utc>,
     in_flight: u32,
+    latencies: Latencies,
     /// Offers waiting for a slot, oldest first.
     waiting: VecDeque<oneshot::Sender<()>>,
     store: Store,
@@ -110,6 +114,7 @@ pub struct Buyer {
     router: Recipient<CircuitChanged>,
     restarts: RestartLog,
     alerts: Alerts,
+    metrics: Metrics,
     /// Fault injection (`faults.buyer_panics`): calls still to panic.
     panics_left: u32,
 }
@@ -123,6 +128,7 @@ pub struct BuyerEnvironment {
     pub router: Recipient<CircuitChanged>,
     pub restarts: RestartLog,
     pub alerts: Alerts,
+    pub metrics: Metrics,
 }
 
 impl Buyer {
@@ -134,6 +140,7 @@ impl Buyer {
             router,
             restarts,
             alerts,
+            metrics,
         } = environment;
         Self {
             ping_check: accept_check(&settings, CallKind::Ping),
@@ -144,12 +151,14 @@ impl Buyer {
             client: None,
             circuit_changed_at: Utc::now(),
             in_flight: 0,
+            latencies: Latencies::default(),
             waiting: VecDeque::new(),
             store,
             board,
             router,
             restarts,
             alerts,
+            metrics,
             panics_left: panics,
         }
     }
@@ -168,6 +177,8 @@ impl Buyer {
             consecutive_failures: self.breaker.consecutive_failures(),
             in_flight: self.in_flight,
             max_concurrency: self.settings.max_concurrency,
+            ping_latency: self.latencies.percentiles(CallKind::Ping),
+            post_latency: self.latencies.percentiles(CallKind::Post),
         }
     }
 
@@ -221,6 +232,8 @@ impl Buyer {
     }
 
     fn skip(&self, offer: &OfferLead, reason: SkipReason) -> ResponseActFuture<Self, Offered> {
+        self.metrics
+            .attempt(&self.settings.id, "skip", reason.as_str());
         let store = self.store.clone();
         let attempt = self.attempt(offer, "skip");
         Box::pin(
@@ -249,6 +262,7 @@ impl Buyer {
     }
 
     fn circuit_changed(&mut self, state: CircuitState, ctx: &mut Context<Self>) {
+        self.metrics.circuit_changed(&self.settings.id, state);
         self.circuit_changed_at = Utc::now();
         self.publish();
         let buyer_id = self.settings.id.clone();
@@ -388,6 +402,7 @@ impl Handler<OfferLead> for Buyer {
                     }
                     let inject_panic = buyer.panics_left > 0;
                     buyer.panics_left = buyer.panics_left.saturating_sub(1);
+                    let kind = offer.kind;
                     let call = buyer.call(offer, inject_panic);
                     Box::pin(
                         guarded::<Buyer, _>("buyer", call).map(move |report, buyer, ctx| {
@@ -398,6 +413,7 @@ impl Handler<OfferLead> for Buyer {
                             buyer.release_slot();
                             match &report {
                                 Offered::Called(call) => {
+                                    buyer.latencies.record(kind, call.took);
                                     buyer.record_result(admission, call.outcome, ctx)
                                 }
                                 _ => buyer.breaker.cancel(admission),
@@ -440,7 +456,7 @@ impl Buyer {
         }
         let mut attempt = self.attempt(&offer, offer.kind.as_str());
         attempt.request = request.shown.clone();
-        let store = self.store.clone();
+        let (store, metrics) = (self.store.clone(), self.metrics.clone());
         async move {
             let lead_id = attempt.lead_id.clone();
             let attempt_id = match store.begin_attempt(attempt).await {
@@ -455,6 +471,7 @@ impl Buyer {
             }
             let span = tracing::info_span!("attempt", %lead_id, buyer_id = %settings.id, kind = offer.kind.as_str(), %attempt_id);
             let outcome = exchange(&client, offer.kind, &request, timeout, &check).await;
+            metrics.attempt(&settings.id, offer.kind.as_str(), outcome.outcome.as_str());
             let report = report_of(&settings, offer.kind, attempt_id, &outcome);
             span.in_scope(|| {
                 tracing::info!(
@@ -518,6 +535,7 @@ fn report_of(
         bid,
         ping_id,
         price,
+        took: outcome.duration,
     }
 }
 

@@ -20,4 +20,4 @@ pub mod supervision;
 pub mod waterfall;
 
 pub use intake::{Intake, IntakeError, IntakeRules, SubmitLead};
-pub use overseer::{Overseer, Tree};
+pub use overseer::{Overseer, Services, Tree};

@@ -22,6 +22,7 @@ use super::{Intake, IntakeRules};
 use crate::alerts::Alerts;
 use crate::buyer::board::Board;
 use crate::config::Settings;
+use crate::metrics::Metrics;
 use crate::spool::Spool;
 use crate::store::{DuplicateRule, Store};
 
@@ -40,20 +41,29 @@ pub struct Tree {
     pub instance_id: Arc<str>,
 }
 
+/// What the actors share besides the settings.
+pub struct Services {
+    pub store: Store,
+    pub spool: Spool,
+    pub restarts: RestartLog,
+    pub alerts: Alerts,
+    pub metrics: Metrics,
+}
+
 /// Root of the actor tree.
 pub struct Overseer;
 
 impl Overseer {
     /// Starts every actor on the current arbiter. `instance_id` names this
     /// process in leases and attempt rows.
-    pub fn start(
-        store: Store,
-        spool: Spool,
-        settings: &Settings,
-        instance_id: Arc<str>,
-        restarts: RestartLog,
-        alerts: Alerts,
-    ) -> Tree {
+    pub fn start(settings: &Settings, instance_id: Arc<str>, services: Services) -> Tree {
+        let Services {
+            store,
+            spool,
+            restarts,
+            alerts,
+            metrics,
+        } = services;
         let board = Board::default();
         let draining = Arc::new(AtomicBool::new(false));
         let buyer_settings: Vec<_> = settings.buyers.iter().cloned().map(Arc::new).collect();
@@ -82,6 +92,7 @@ impl Overseer {
                 restarts.clone(),
                 alerts.clone(),
             );
+            let metrics = metrics.clone();
             let directory = directory.clone();
             Supervisor::start(move |ctx: &mut actix::Context<Router>| {
                 let environment = BuyerEnvironment {
@@ -91,6 +102,7 @@ impl Overseer {
                     router: ctx.address().recipient(),
                     restarts: restarts.clone(),
                     alerts,
+                    metrics,
                 };
                 // Runs once: a restarted router keeps its buyers.
                 if directory.all().is_empty() {

@@ -9,6 +9,7 @@ use dashmap::DashMap;
 use serde::Serialize;
 
 use super::breaker::CircuitState;
+use super::latency::Percentiles;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BuyerStatus {
@@ -20,6 +21,9 @@ pub struct BuyerStatus {
     pub consecutive_failures: u32,
     pub in_flight: u32,
     pub max_concurrency: u32,
+    /// Over the recent calls; `null` before the first.
+    pub ping_latency: Option<Percentiles>,
+    pub post_latency: Option<Percentiles>,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -6,6 +6,7 @@ pub mod accept;
 pub mod board;
 pub mod breaker;
 pub mod call;
+pub mod latency;
 pub mod request;
 
 use serde::Serialize;

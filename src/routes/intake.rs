@@ -269,6 +269,27 @@ fn build_lead(
 /// A replay of a lead still in the spool gets the spooled contract; while
 /// shutting down every lead is refused (`failed`, to be sent again).
 async fn store_lead(state: &AppState, lead: NewLead) -> Contract {
+    let started = std::time::Instant::now();
+    let contract = contract_for(state, lead).await;
+    state
+        .metrics
+        .intake(outcome_label(&contract), started.elapsed().as_secs_f64());
+    contract
+}
+
+/// The intake outcome as `/metrics` counts it.
+fn outcome_label(contract: &Contract) -> &'static str {
+    match (contract.acceptance, contract.replayed, contract.lead_state) {
+        (Acceptance::Failed, ..) => "failed",
+        (_, true, _) => "replayed",
+        (_, _, Some(LeadState::Invalid)) => "invalid",
+        (_, _, Some(LeadState::Duplicate)) => "duplicate",
+        (Acceptance::Accepted, ..) => "accepted",
+        (Acceptance::Pending, ..) => "pending",
+    }
+}
+
+async fn contract_for(state: &AppState, lead: NewLead) -> Contract {
     let lead_id = lead.id.clone();
     let source = lead.source_id.clone();
     if state.tree.draining.load(Ordering::Relaxed) {

@@ -10,6 +10,7 @@ mod health;
 mod intake;
 mod leads;
 mod status;
+mod status_page;
 
 use std::sync::Arc;
 
@@ -20,6 +21,7 @@ pub use error::ApiError;
 
 use crate::actors::Tree;
 use crate::config::{Settings, SharedSettings};
+use crate::metrics::Metrics;
 use crate::rate_limit::RateLimiter;
 use crate::store::Store;
 
@@ -30,6 +32,7 @@ pub struct AppState {
     pub store: Store,
     pub tree: Tree,
     pub limiter: RateLimiter,
+    pub metrics: Metrics,
 }
 
 impl AppState {
@@ -72,6 +75,10 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/leads/{id}/status", web::get().to(leads::status))
         .route("/v1/review", web::get().to(leads::review))
         .route("/v1/status", web::get().to(status::status))
+        .route("/metrics", web::get().to(status::metrics))
+        .route("/status", web::get().to(status_page::status_page))
+        .route("/status/leads/{id}", web::get().to(status_page::lead_page))
+        .route("/status/assets/{name}", web::get().to(status_page::asset))
         .route("/v1/buyers", web::get().to(buyers::list))
         .route(
             "/v1/buyers/{id}/circuit",

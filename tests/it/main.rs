@@ -13,3 +13,4 @@ mod intake;
 mod reads;
 mod recovery;
 mod routing;
+mod status_page;

@@ -1,0 +1,189 @@
+//! Metrics for `GET /metrics` (OpenMetrics text, which Prometheus reads):
+//! intake by outcome and its latency histogram, attempts by buyer, kind and
+//! outcome, circuit transitions, and, read at scrape time, each buyer's
+//! circuit state, leads by state and the spool backlog. Labels carry ids and
+//! outcomes only, never personal data.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::buyer::breaker::CircuitState;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AttemptLabels {
+    buyer: String,
+    kind: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuyerLabel {
+    buyer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransitionLabels {
+    buyer: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+/// The service's metrics; cheap to clone, usable from any thread.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Registry,
+    intake: Family<OutcomeLabel, Counter>,
+    intake_seconds: Histogram,
+    attempts: Family<AttemptLabels, Counter>,
+    circuit_transitions: Family<TransitionLabels, Counter>,
+    circuit_state: Family<BuyerLabel, Gauge>,
+    leads: Family<StateLabel, Gauge>,
+    spool_pending: Gauge,
+}
+
+/// What `/metrics` reads at scrape time.
+pub struct Snapshot {
+    pub circuits: Vec<(String, CircuitState)>,
+    /// Leads by state; `None` while the database is unreachable.
+    pub leads: Option<Vec<(String, u64)>>,
+    pub spool_pending: usize,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("leadrouter");
+        let intake = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "intake_leads",
+            "Leads answered by intake, by outcome (accepted, pending, invalid, duplicate, replayed, failed)",
+            intake.clone(),
+        );
+        // 0.5 ms to about 4 s.
+        let intake_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        registry.register(
+            "intake_seconds",
+            "Time from request to intake answer",
+            intake_seconds.clone(),
+        );
+        let attempts = Family::<AttemptLabels, Counter>::default();
+        registry.register(
+            "attempts",
+            "Attempts by buyer, kind (ping, post, skip) and outcome",
+            attempts.clone(),
+        );
+        let circuit_transitions = Family::<TransitionLabels, Counter>::default();
+        registry.register(
+            "circuit_transitions",
+            "Circuit breaker transitions by buyer and new state",
+            circuit_transitions.clone(),
+        );
+        let circuit_state = Family::<BuyerLabel, Gauge>::default();
+        registry.register(
+            "circuit_state",
+            "Circuit state per buyer: 0 closed, 1 half open, 2 open",
+            circuit_state.clone(),
+        );
+        let leads = Family::<StateLabel, Gauge>::default();
+        registry.register("leads", "Stored leads by state", leads.clone());
+        let spool_pending = Gauge::default();
+        registry.register(
+            "spool_pending",
+            "Leads waiting in the spool for the database",
+            spool_pending.clone(),
+        );
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                intake,
+                intake_seconds,
+                attempts,
+                circuit_transitions,
+                circuit_state,
+                leads,
+                spool_pending,
+            }),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn intake(&self, outcome: &str, seconds: f64) {
+        self.inner
+            .intake
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
+        self.inner.intake_seconds.observe(seconds);
+    }
+
+    pub fn attempt(&self, buyer: &str, kind: &str, outcome: &str) {
+        self.inner
+            .attempts
+            .get_or_create(&AttemptLabels {
+                buyer: buyer.into(),
+                kind: kind.into(),
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    pub fn circuit_changed(&self, buyer: &str, state: CircuitState) {
+        self.inner
+            .circuit_transitions
+            .get_or_create(&TransitionLabels {
+                buyer: buyer.into(),
+                state: state.as_str().into(),
+            })
+            .inc();
+    }
+
+    /// The text exposition, with the scrape-time values set first.
+    pub fn render(&self, snapshot: Snapshot) -> String {
+        let inner = &self.inner;
+        for (buyer, state) in snapshot.circuits {
+            let value = match state {
+                CircuitState::Closed => 0,
+                CircuitState::HalfOpen => 1,
+                CircuitState::Open => 2,
+            };
+            inner
+                .circuit_state
+                .get_or_create(&BuyerLabel { buyer })
+                .set(value);
+        }
+        for (state, count) in snapshot.leads.unwrap_or_default() {
+            inner
+                .leads
+                .get_or_create(&StateLabel { state })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+        inner
+            .spool_pending
+            .set(i64::try_from(snapshot.spool_pending).unwrap_or(i64::MAX));
+        let mut text = String::new();
+        if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &inner.registry) {
+            tracing::error!(%error, "metrics could not be encoded");
+        }
+        text
+    }
+}

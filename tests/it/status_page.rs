@@ -1,0 +1,311 @@
+//! The operators' views: `/v1/status` and `/metrics` on both databases, and
+//! the `/status` page in real headless Chromium (driven over WebDriver by
+//! chromedriver): it shows each buyer's circuit and changes to `open`
+//! without a reload when a buyer fails. The test keeps screenshots in
+//! `target/artifacts/`.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
+use crate::helpers::{spawn_app_with, wait_until, Backend, ADMIN_TOKEN};
+use crate::on_both_databases;
+
+on_both_databases!(status_and_metrics_report_buyers_leads_and_the_spool);
+
+async fn status_and_metrics_report_buyers_leads_and_the_spool(backend: Backend) {
+    let buyer = TestBuyer::start(accept(), accept());
+    let app = spawn_app_with(backend, &BuyerConfig::new("acme", 1).toml(&buyer.base)).await;
+    let id = app
+        .submit(json!({"email": "ann@example.com", "phone": "555-010-9999"}))
+        .await;
+    app.wait_for_state(&id, "sold").await;
+    let invalid = app.post_form_lead(&json!({"first_name": "Bob"})).await;
+    assert_eq!(invalid.status, 422);
+
+    let status = app.send(app.client.get(app.url("/v1/status")), "").await;
+    assert_eq!(status.status, 200);
+    let text = status.text();
+    assert!(
+        !text.contains("ann@example.com") && !text.contains("555"),
+        "no personal data: {text}"
+    );
+    let status = status.json();
+    assert_eq!(status["leads"]["sold"], 1);
+    assert_eq!(status["leads"]["invalid"], 1);
+    assert_eq!(status["review"]["pending"], 1);
+    assert_eq!(status["spool"]["pending"], 0);
+    let acme = &status["buyers"][0];
+    assert_eq!(acme["circuit"], "closed");
+    assert_eq!(acme["sold_today"], 1);
+    assert!(acme["post_latency"]["p95_ms"].is_u64(), "{acme}");
+
+    let metrics = app
+        .send(app.client.get(app.url("/metrics")), "")
+        .await
+        .text();
+    for line in [
+        r#"leadrouter_attempts_total{buyer="acme",kind="post",outcome="accepted"} 1"#,
+        r#"leadrouter_attempts_total{buyer="acme",kind="ping",outcome="accepted"} 1"#,
+        r#"leadrouter_intake_leads_total{outcome="accepted"} 1"#,
+        r#"leadrouter_intake_leads_total{outcome="invalid"} 1"#,
+        r#"leadrouter_circuit_state{buyer="acme"} 0"#,
+        r#"leadrouter_leads{state="sold"} 1"#,
+        "leadrouter_spool_pending 0",
+        "leadrouter_intake_seconds_count 2",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
+
+    let page = app.send(app.client.get(app.url("/status")), "").await;
+    assert_eq!(page.status, 200);
+    assert!(page.text().contains("<table id=\"buyers\""));
+    let script = app
+        .send(app.client.get(app.url("/status/assets/status.js")), "")
+        .await;
+    assert_eq!(
+        script.headers.get("content-type").unwrap(),
+        "text/javascript; charset=utf-8"
+    );
+    let missing = app
+        .send(app.client.get(app.url("/status/assets/nothing.js")), "")
+        .await;
+    assert_eq!(missing.status, 404);
+}
+
+/// A chromedriver child process and one headless Chromium session.
+struct Browser {
+    driver: Child,
+    base: String,
+    session: String,
+    client: awc::Client,
+}
+
+impl Browser {
+    async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver must be installed (Debian: chromium chromium-driver; .ci/run installs them)");
+        let base = format!("http://127.0.0.1:{port}");
+        let client = awc::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .finish();
+        wait_until("chromedriver to answer", Duration::from_secs(20), || {
+            let request = client.get(format!("{base}/status"));
+            async move { request.send().await.is_ok() }
+        })
+        .await;
+        let mut browser = Self {
+            driver,
+            base,
+            session: String::new(),
+            client,
+        };
+        let session = browser
+            .call(
+                "POST",
+                "/session",
+                json!({"capabilities": {"alwaysMatch": {
+                    "browserName": "chrome",
+                    "goog:chromeOptions": {
+                        "binary": "/usr/bin/chromium",
+                        "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"]
+                    }
+                }}}),
+            )
+            .await;
+        browser.session = session["sessionId"]
+            .as_str()
+            .expect("a session")
+            .to_string();
+        browser
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Value) -> Value {
+        let url = format!("{}{path}", self.base);
+        let request = match method {
+            "GET" => self.client.get(url),
+            "DELETE" => self.client.delete(url),
+            _ => self.client.post(url),
+        };
+        let mut response = if method == "POST" {
+            request.send_json(&body).await
+        } else {
+            request.send().await
+        }
+        .expect("chromedriver answers");
+        let answer: Value = response
+            .json()
+            .limit(64 * 1024 * 1024)
+            .await
+            .expect("WebDriver JSON");
+        answer["value"].clone()
+    }
+
+    async fn session_call(&self, method: &str, path: &str, body: Value) -> Value {
+        self.call(method, &format!("/session/{}{path}", self.session), body)
+            .await
+    }
+
+    async fn open(&self, url: &str) {
+        self.session_call("POST", "/url", json!({ "url": url }))
+            .await;
+    }
+
+    async fn run(&self, script: &str) -> Value {
+        self.session_call(
+            "POST",
+            "/execute/sync",
+            json!({"script": script, "args": []}),
+        )
+        .await
+    }
+
+    /// `[[buyer id, data-state, words], ...]` as the page shows them.
+    async fn circuits(&self) -> Value {
+        self.run("return Array.from(document.querySelectorAll('#buyers tr[data-buyer]')).map(row => [row.dataset.buyer, row.querySelector('.circuit').dataset.state, row.querySelector('.circuit').textContent])").await
+    }
+
+    async fn screenshot(&self, name: &str) {
+        let png = self.session_call("GET", "/screenshot", Value::Null).await;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().expect("a PNG"))
+            .expect("base64 PNG");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/artifacts");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+
+    async fn resize(&self, width: u32, height: u32) {
+        self.session_call(
+            "POST",
+            "/window/rect",
+            json!({"width": width, "height": height}),
+        )
+        .await;
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+#[actix_web::test]
+async fn the_status_page_shows_a_circuit_opening_without_a_reload() {
+    let steady = TestBuyer::start(accept(), Answer::Reject);
+    let flaky = TestBuyer::start(accept(), accept());
+    let extra = format!(
+        "{}{}",
+        BuyerConfig {
+            extra: "name = \"Flaky Inc\"\ncircuit = { failure_threshold = 2, open_for = \"10m\" }",
+            ..BuyerConfig::new("flaky", 1)
+        }
+        .toml(&flaky.base),
+        BuyerConfig {
+            extra: "name = \"Steady Co\"",
+            ..BuyerConfig::new("steady", 2)
+        }
+        .toml(&steady.base),
+    );
+    let app = spawn_app_with(Backend::Sqlite, &extra).await;
+    let browser = Browser::start().await;
+    browser.open(&app.url("/status")).await;
+    wait_until(
+        "the page to show both buyers closed",
+        Duration::from_secs(20),
+        || async {
+            browser.circuits().await
+                == json!([
+                    ["flaky", "closed", "closed"],
+                    ["steady", "closed", "closed"]
+                ])
+        },
+    )
+    .await;
+
+    flaky.set_ping(Answer::Status(503));
+    let mut last = String::new();
+    for n in 0..2 {
+        last = app
+            .submit(json!({"email": format!("fail{n}@example.com")}))
+            .await;
+        app.wait_for_state(&last, "unsold").await;
+    }
+    wait_until(
+        "the page to show flaky open",
+        Duration::from_secs(20),
+        || async { browser.circuits().await[0] == json!(["flaky", "open", "open"]) },
+    )
+    .await;
+    let shown = browser.run("return document.body.innerText").await;
+    let shown = shown.as_str().unwrap();
+    assert!(
+        shown.contains("Flaky Inc") && shown.contains("Steady Co"),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains("@example.com"),
+        "no personal data on the status page"
+    );
+    let reloads = browser
+        .run("return performance.getEntriesByType('navigation').length")
+        .await;
+    assert_eq!(reloads, 1, "the page was loaded once and changed by itself");
+    browser.screenshot("status-page.png").await;
+
+    browser.resize(390, 844).await;
+    browser.screenshot("status-page-phone.png").await;
+    let overflow = browser
+        .run("return document.documentElement.scrollWidth <= window.innerWidth + 1")
+        .await;
+    assert_eq!(
+        overflow, true,
+        "readable on a phone without sideways scrolling"
+    );
+
+    // The review queue leads to a lead's timeline.
+    browser.resize(1280, 900).await;
+    browser
+        .run(&format!(
+            "sessionStorage.setItem('leadrouter-admin-token', '{ADMIN_TOKEN}'); return true"
+        ))
+        .await;
+    browser
+        .open(&app.url(&format!("/status/leads/{last}")))
+        .await;
+    wait_until(
+        "the timeline to explain the lead",
+        Duration::from_secs(20),
+        || async {
+            let why = browser
+                .run("return document.getElementById('why').textContent")
+                .await;
+            why.as_str()
+                .is_some_and(|text| text.starts_with("unsold: no buyer bought it"))
+        },
+    )
+    .await;
+    let rows = browser
+        .run("return document.querySelectorAll('#attempts tr[data-attempt]').length")
+        .await;
+    assert!(
+        rows.as_u64().unwrap() >= 2,
+        "every attempt in order: {rows}"
+    );
+    browser.screenshot("lead-timeline.png").await;
+    browser.session_call("DELETE", "", Value::Null).await;
+}
