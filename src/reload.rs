@@ -15,7 +15,7 @@ use crate::actors::Tree;
 use crate::config::{self, Problem, Settings, SharedSettings};
 
 /// What a reload changed.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ReloadReport {
     pub reloaded: bool,
     pub buyers_added: Vec<String>,

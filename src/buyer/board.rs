@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::breaker::CircuitState;
 use super::latency::Percentiles;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct BuyerStatus {
     pub id: String,
     pub name: String,

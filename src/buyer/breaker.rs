@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::config::CircuitSettings;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CircuitState {
     Closed,

@@ -11,7 +11,7 @@ use super::CallKind;
 /// Calls of each kind the percentiles are taken over.
 const WINDOW: usize = 200;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Percentiles {
     pub p50_ms: u64,
     pub p95_ms: u64,

@@ -2,8 +2,9 @@
 //! answer carries (SPEC section 5).
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LeadState {
     Received,
@@ -43,7 +44,7 @@ impl LeadState {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Acceptance {
     /// Stored, and every required notify channel (if any) confirmed.
@@ -55,7 +56,7 @@ pub enum Acceptance {
 }
 
 /// One validation problem, addressed to a normalised field (or `body`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct FieldError {
     pub field: String,
     pub message: String,
@@ -71,7 +72,8 @@ impl FieldError {
 }
 
 /// What the sender is told about a lead: how safe it is, machine-readably.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Error answers (4xx/5xx) also carry `error` and `message`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Contract {
     pub submission_id: String,
     pub acceptance: Acceptance,

@@ -7,10 +7,12 @@
 use std::sync::Arc;
 
 use actix_web::{web, HttpResponse};
-use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::{IntoParams, ToSchema};
 
-use super::leads::{find, full_view, AttemptView};
+use super::error::ErrorBody;
+use super::leads::{find, full_view, AttemptView, LeadView};
 use super::{Admin, ApiError, AppState};
 use crate::actors::buyer::{OfferLead, Offered, Retry};
 use crate::actors::router::RouteLeads;
@@ -18,19 +20,31 @@ use crate::buyer::request::{LeadOffer, PingResult};
 use crate::buyer::{CallKind, CallOutcome};
 use crate::config::buyer_from_snapshot;
 use crate::domain::{check_fields, LeadState};
-use crate::reload::{reload as reload_settings, ReloadError};
+use crate::reload::{reload as reload_settings, ReloadError, ReloadReport};
 use crate::store::Settlement;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FieldsFix {
     /// Normalised fields to set; `null` removes one.
+    #[schema(value_type = Object)]
     fields: Map<String, Value>,
 }
 
 /// `PATCH /v1/leads/{id}`: merges the fields into an invalid lead's
 /// normalised fields and validates again; valid, it is routed. 422 while
 /// still invalid. The raw payload never changes.
+#[utoipa::path(patch, path = "/v1/leads/{id}", tag = "leads", security(("admin" = [])),
+    params(("id" = String, Path, description = "The lead's submission_id")),
+    request_body = FieldsFix,
+    responses(
+        (status = 200, description = "Valid now: the lead, on its way to be routed", body = LeadView),
+        (status = 422, description = "Still invalid: the lead with its errors", body = LeadView),
+        (status = 400, description = "A malformed request", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token", body = ErrorBody),
+        (status = 404, description = "No such lead", body = ErrorBody),
+        (status = 409, description = "The lead is not invalid", body = ErrorBody),
+    ))]
 pub async fn fix(
     _: Admin,
     path: web::Path<String>,
@@ -69,7 +83,7 @@ pub async fn fix(
     })
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RerouteRequest {
     #[serde(default)]
@@ -78,6 +92,16 @@ pub struct RerouteRequest {
 
 /// `POST /v1/leads/{id}/reroute`: an `unsold` or `unknown` lead is routed
 /// again, skipping buyers it was posted to unless `include_tried`.
+#[utoipa::path(post, path = "/v1/leads/{id}/reroute", tag = "leads", security(("admin" = [])),
+    params(("id" = String, Path, description = "The lead's submission_id")),
+    request_body(content = Option<RerouteRequest>, description = "Optional"),
+    responses(
+        (status = 200, description = "The lead, back in `received`", body = LeadView),
+        (status = 400, description = "A malformed request", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token", body = ErrorBody),
+        (status = 404, description = "No such lead", body = ErrorBody),
+        (status = 409, description = "Only an unsold or unknown lead can be rerouted", body = ErrorBody),
+    ))]
 pub async fn reroute(
     _: Admin,
     path: web::Path<String>,
@@ -90,15 +114,26 @@ pub async fn reroute(
     Ok(HttpResponse::Ok().json(full_view(&state, row).await?))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResolveRequest {
     buyer_id: String,
     sold: bool,
+    #[schema(minimum = 0.0)]
     price: Option<f64>,
 }
 
 /// `POST /v1/leads/{id}/resolve`: settles an `unknown` lead by hand.
+#[utoipa::path(post, path = "/v1/leads/{id}/resolve", tag = "leads", security(("admin" = [])),
+    params(("id" = String, Path, description = "The lead's submission_id")),
+    request_body = ResolveRequest,
+    responses(
+        (status = 200, description = "The lead, now sold or unsold", body = LeadView),
+        (status = 400, description = "A malformed request", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token", body = ErrorBody),
+        (status = 404, description = "No such lead", body = ErrorBody),
+        (status = 409, description = "The lead is not unknown, or already sold", body = ErrorBody),
+    ))]
 pub async fn resolve(
     _: Admin,
     path: web::Path<String>,
@@ -120,9 +155,11 @@ pub async fn resolve(
     Ok(HttpResponse::Ok().json(full_view(&state, row).await?))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReturnRequest {
+    /// Why the buyer returned it.
+    #[schema(min_length = 1, pattern = "\\S")]
     reason: String,
     #[serde(default)]
     reroute: bool,
@@ -130,6 +167,16 @@ pub struct ReturnRequest {
 
 /// `POST /v1/leads/{id}/return`: the buyer returned a sold lead; with
 /// `reroute` it is offered to the other buyers.
+#[utoipa::path(post, path = "/v1/leads/{id}/return", tag = "leads", security(("admin" = [])),
+    params(("id" = String, Path, description = "The lead's submission_id")),
+    request_body = ReturnRequest,
+    responses(
+        (status = 200, description = "The lead, unsold or back in `received`", body = LeadView),
+        (status = 400, description = "A malformed request or no reason", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token", body = ErrorBody),
+        (status = 404, description = "No such lead", body = ErrorBody),
+        (status = 409, description = "Only a sold lead can be returned", body = ErrorBody),
+    ))]
 pub async fn return_lead(
     _: Admin,
     path: web::Path<String>,
@@ -153,6 +200,15 @@ pub async fn return_lead(
 /// settings its snapshot froze (whatever the configuration says now), as a
 /// new attempt with `retry_of`. An accepted post makes the sale, still at
 /// most one. Answers the new attempt.
+#[utoipa::path(post, path = "/v1/attempts/{id}/retry", tag = "leads", security(("admin" = [])),
+    params(("id" = String, Path, description = "The attempt to replay")),
+    responses(
+        (status = 200, description = "The new attempt (with `retry_of`)", body = AttemptView),
+        (status = 401, description = "Missing or wrong admin token", body = ErrorBody),
+        (status = 404, description = "No such attempt", body = ErrorBody),
+        (status = 409, description = "Not a ping or post, the lead is being routed or already sold, or the buyer is gone", body = ErrorBody),
+        (status = 503, description = "The retry could not be recorded", body = ErrorBody),
+    ))]
 pub async fn retry(
     _: Admin,
     path: web::Path<String>,
@@ -279,12 +335,40 @@ async fn accepted_ping(
         .unwrap_or_default())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 pub struct AlertQuery {
+    /// How many, 1 to 1000 (default 100).
     limit: Option<u64>,
 }
 
+/// One alert as kept.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AlertView {
+    id: String,
+    /// `circuit_opened`, `circuit_closed`, `post_timeout`, `spool_in_use`,
+    /// `intake_failed` or `all_buyers_failed`.
+    kind: String,
+    buyer_id: Option<String>,
+    lead_id: Option<String>,
+    message: String,
+    created_at: chrono::DateTime<chrono::Utc>,
+    /// False when `alerts.min_interval` held it back from the log and webhook.
+    notified: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AlertList {
+    alerts: Vec<AlertView>,
+}
+
 /// `GET /v1/alerts`: alerts, newest first (`limit`, default 100, at most 1000).
+#[utoipa::path(get, path = "/v1/alerts", tag = "operations", security(("admin" = [])),
+    params(AlertQuery),
+    responses(
+        (status = 200, description = "Alerts, newest first", body = AlertList),
+        (status = 400, description = "A bad query", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token", body = ErrorBody),
+    ))]
 pub async fn alerts(
     _: Admin,
     query: web::Query<AlertQuery>,
@@ -292,41 +376,57 @@ pub async fn alerts(
 ) -> Result<HttpResponse, ApiError> {
     let limit = query.limit.unwrap_or(100).clamp(1, 1000);
     let alerts = state.store.recent_alerts(limit).await?;
-    let alerts: Vec<Value> = alerts
+    let alerts = alerts
         .into_iter()
-        .map(|alert| {
-            json!({
-                "id": alert.id,
-                "kind": alert.kind,
-                "buyer_id": alert.buyer_id,
-                "lead_id": alert.lead_id,
-                "message": alert.message,
-                "created_at": alert.created_at,
-                "notified": alert.notified,
-            })
+        .map(|alert| AlertView {
+            id: alert.id,
+            kind: alert.kind,
+            buyer_id: alert.buyer_id,
+            lead_id: alert.lead_id,
+            message: alert.message,
+            created_at: alert.created_at,
+            notified: alert.notified,
         })
         .collect();
-    Ok(HttpResponse::Ok().json(json!({ "alerts": alerts })))
+    Ok(HttpResponse::Ok().json(AlertList { alerts }))
 }
 
 /// `POST /v1/admin/reload`: reloads the configuration file; an invalid one
 /// is refused (422, every problem listed) and the running one kept.
+#[utoipa::path(post, path = "/v1/admin/reload", tag = "operations", security(("admin" = [])),
+    responses(
+        (status = 200, description = "Reloaded: what changed", body = ReloadReport),
+        (status = 422, description = "The file is invalid; the running configuration is kept", body = ReloadRefused),
+        (status = 401, description = "Missing or wrong admin token", body = ErrorBody),
+        (status = 409, description = "Not started from a configuration file", body = ErrorBody),
+        (status = 503, description = "The file cannot be read", body = ErrorBody),
+    ))]
 pub async fn reload(_: Admin, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     match reload_settings(&state.settings, &state.tree).await {
         Ok(report) => Ok(HttpResponse::Ok().json(report)),
         Err(ReloadError::Invalid(problems)) => {
             let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();
-            Ok(HttpResponse::UnprocessableEntity().json(json!({
-                "error": "invalid_config",
-                "message": "the configuration file is invalid; the running configuration is kept",
-                "problems": listed,
-            })))
+            Ok(HttpResponse::UnprocessableEntity().json(ReloadRefused {
+                error: "invalid_config".into(),
+                message: "the configuration file is invalid; the running configuration is kept"
+                    .into(),
+                problems: listed,
+            }))
         }
         Err(ReloadError::NoFile) => Err(ApiError::Conflict(
             "the service was not started from a configuration file".into(),
         )),
         Err(error) => Err(ApiError::Unavailable(error.to_string())),
     }
+}
+
+/// A refused reload.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReloadRefused {
+    error: String,
+    message: String,
+    /// Each problem with its key path.
+    problems: Vec<String>,
 }
 
 /// Hands a lead to the router; the sweep finds it anyway should this be lost.

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use actix_web::{web, HttpResponse};
 use chrono::{DateTime, Timelike, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
+use super::error::ErrorBody;
 use super::{Admin, ApiError, AppState};
 use crate::actors::buyer::ForceCircuit;
 use crate::buyer::board::BuyerStatus;
@@ -16,7 +18,7 @@ use crate::store::OutcomeCounts;
 /// "Recent" outcome counts cover this much time.
 const RECENT: chrono::Duration = chrono::Duration::hours(24);
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct BuyerView {
     #[serde(flatten)]
     status: BuyerStatus,
@@ -24,6 +26,12 @@ pub struct BuyerView {
     counts: OutcomeCounts,
 }
 
+#[utoipa::path(get, path = "/v1/buyers", tag = "buyers", security(("admin" = [])),
+    responses(
+        (status = 200, description = "Each buyer's circuit, load, sales today and 24 h outcome counts", body = Vec<BuyerView>),
+        (status = 401, description = "Missing or wrong admin token", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ))]
 pub async fn list(_: Admin, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(buyer_views(&state).await?))
 }
@@ -74,25 +82,38 @@ fn start_of_day(now: DateTime<Utc>) -> DateTime<Utc> {
         .unwrap_or(now)
 }
 
-#[derive(Debug, Deserialize)]
-pub struct CircuitRequest {
-    state: String,
+/// The circuit states an operator can set.
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CircuitOverride {
+    Open,
+    Closed,
 }
 
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct CircuitRequest {
+    state: CircuitOverride,
+}
+
+/// An operator opens or closes a buyer's circuit.
+#[utoipa::path(post, path = "/v1/buyers/{id}/circuit", tag = "buyers", security(("admin" = [])),
+    params(("id" = String, Path, description = "The buyer id")),
+    request_body = CircuitRequest,
+    responses(
+        (status = 200, description = "The buyer's status after the change", body = BuyerStatus),
+        (status = 400, description = "state is not open or closed", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token", body = ErrorBody),
+        (status = 404, description = "No such buyer", body = ErrorBody),
+    ))]
 pub async fn set_circuit(
     _: Admin,
     path: web::Path<String>,
     body: web::Json<CircuitRequest>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let wanted = match body.state.as_str() {
-        "open" => CircuitState::Open,
-        "closed" => CircuitState::Closed,
-        other => {
-            return Err(ApiError::BadRequest(format!(
-                "state must be \"open\" or \"closed\", not {other:?}"
-            )))
-        }
+    let wanted = match body.state {
+        CircuitOverride::Open => CircuitState::Open,
+        CircuitOverride::Closed => CircuitState::Closed,
     };
     let buyer = state
         .tree

@@ -3,7 +3,16 @@
 
 use actix_web::http::{header, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
-use serde_json::json;
+
+/// Every error answer's body.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)] // documents `additionalProperties: false`
+pub struct ErrorBody {
+    /// A machine-readable code, e.g. `not_found`.
+    pub error: String,
+    /// What happened, in plain words.
+    pub message: String,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -63,7 +72,10 @@ impl ResponseError for ApiError {
         if let Self::RateLimited { retry_after_secs } = self {
             response.insert_header((header::RETRY_AFTER, retry_after_secs.to_string()));
         }
-        response.json(json!({"error": self.code(), "message": self.to_string()}))
+        response.json(ErrorBody {
+            error: self.code().into(),
+            message: self.to_string(),
+        })
     }
 }
 

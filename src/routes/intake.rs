@@ -8,10 +8,13 @@ use std::sync::atomic::Ordering;
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
+use utoipa::ToSchema;
 
+use super::error::ErrorBody;
+use super::openapi::{BatchRequest, BatchResult};
 use super::{form_page, secrets_equal, ApiError, AppState};
 use crate::actors::SubmitLead;
 use crate::config::{Settings, SourceKind, SourceSettings};
@@ -33,6 +36,28 @@ pub struct SourceQuery {
 }
 
 /// Stores one lead and answers with its contract (or an HTML page for forms).
+#[utoipa::path(post, path = "/v1/leads", tag = "intake",
+    params(
+        ("source" = Option<String>, Query, description = "A form source's id (or a `source` body field)"),
+        ("X-Api-Key" = Option<String>, Header, description = "A feed source's key"),
+        ("Idempotency-Key" = Option<String>, Header, description = "The dedupe key"),
+        ("X-Test-Lead" = Option<String>, Header, description = "`1`: a test lead, never sold"),
+    ),
+    request_body(description = "The lead: a JSON object, or an urlencoded form", content(
+        (Object = "application/json"),
+        (Object = "application/x-www-form-urlencoded"),
+    )),
+    responses(
+        (status = 200, description = "Stored and accepted, or a replay", body = Contract),
+        (status = 202, description = "Safe, not yet accepted (a required notify channel, or the spool)", body = Contract),
+        (status = 303, description = "A browser form post, redirected to the source's thank_you_url"),
+        (status = 401, description = "No source named, an unknown source or key", body = ErrorBody),
+        (status = 413, description = "Larger than server.max_body_bytes", body = ErrorBody),
+        (status = 415, description = "An unsupported content type; stored for review", body = Contract),
+        (status = 422, description = "Stored, but invalid: in the review queue", body = Contract),
+        (status = 429, description = "Over a rate limit; see Retry-After", body = ErrorBody),
+        (status = 503, description = "Not stored (`failed`): send it again with the same key", body = Contract),
+    ))]
 pub async fn submit(
     request: HttpRequest,
     payload: web::Payload,
@@ -76,6 +101,13 @@ pub async fn submit(
     Ok(HttpResponse::build(status).json(contract_json(&contract, status)))
 }
 
+/// One answer per lead of a batch, in order.
+#[derive(Serialize, ToSchema)]
+pub struct BatchAnswer {
+    #[schema(value_type = Vec<BatchResult>)]
+    results: Vec<Value>,
+}
+
 #[derive(Deserialize)]
 struct BatchEnvelope<'a> {
     #[serde(borrow)]
@@ -83,6 +115,18 @@ struct BatchEnvelope<'a> {
 }
 
 /// Stores up to 1000 leads from a feed; each is judged on its own.
+#[utoipa::path(post, path = "/v1/leads/batch", tag = "intake",
+    params(("X-Api-Key" = String, Header, description = "The feed source's key")),
+    request_body(content = BatchRequest, description = "Up to 1000 leads"),
+    responses(
+        (status = 200, description = "One answer per lead, in order", body = BatchAnswer),
+        (status = 400, description = "More than 1000 leads", body = ErrorBody),
+        (status = 401, description = "No or an unknown X-Api-Key", body = ErrorBody),
+        (status = 413, description = "The body is too large", body = ErrorBody),
+        (status = 422, description = "The envelope is not {\"leads\": [...]}; stored whole for review", body = Contract),
+        (status = 429, description = "Over a rate limit; see Retry-After", body = ErrorBody),
+        (status = 503, description = "The broken envelope could not be stored", body = Contract),
+    ))]
 pub async fn submit_batch(
     request: HttpRequest,
     payload: web::Payload,
@@ -163,7 +207,7 @@ pub async fn submit_batch(
         }
     });
     let results = futures_util::future::join_all(results).await;
-    Ok(HttpResponse::Ok().json(json!({ "results": results })))
+    Ok(HttpResponse::Ok().json(BatchAnswer { results }))
 }
 
 /// Reads the body, refusing more than `limit` bytes with 413.

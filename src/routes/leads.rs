@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 use entity::{attempt, lead, sale};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
 
+use super::error::ErrorBody;
 use super::{Admin, ApiError, AppState};
 use crate::domain::{Contract, FieldError, LeadState};
 use crate::store::{contract_of_row, LeadFilter, LeadPage};
@@ -18,6 +20,12 @@ const MAX_PAGE: u64 = 500;
 
 /// `GET /v1/leads/{id}/status`: public, so only the contract (also of a
 /// lead still in the spool).
+#[utoipa::path(get, path = "/v1/leads/{id}/status", tag = "intake",
+    params(("id" = String, Path, description = "The lead's submission_id")),
+    responses(
+        (status = 200, description = "The acceptance contract; no personal data", body = Contract),
+        (status = 404, description = "No such lead", body = ErrorBody),
+    ))]
 pub async fn status(
     path: web::Path<String>,
     state: web::Data<AppState>,
@@ -31,6 +39,13 @@ pub async fn status(
 }
 
 /// `GET /v1/leads/{id}`: everything about the lead, attempts in order.
+#[utoipa::path(get, path = "/v1/leads/{id}", tag = "leads", security(("admin" = [])),
+    params(("id" = String, Path, description = "The lead's submission_id")),
+    responses(
+        (status = 200, description = "The lead, its attempts and why it is in its state", body = LeadView),
+        (status = 401, description = "Missing or wrong admin token", body = ErrorBody),
+        (status = 404, description = "No such lead", body = ErrorBody),
+    ))]
 pub async fn show(
     _: Admin,
     path: web::Path<String>,
@@ -147,15 +162,26 @@ fn explain(row: &lead::Model, sale: Option<&sale::Model>, attempts: &[attempt::M
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 pub struct ListQuery {
+    /// One lead state.
     state: Option<String>,
+    /// A source id.
     source: Option<String>,
+    /// Page size, 1 to 500 (default 50).
     limit: Option<u64>,
+    /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }
 
 /// `GET /v1/leads?state=&source=&limit=&cursor=`: newest first.
+#[utoipa::path(get, path = "/v1/leads", tag = "leads", security(("admin" = [])),
+    params(ListQuery),
+    responses(
+        (status = 200, description = "Leads, newest first", body = LeadPageView),
+        (status = 400, description = "Unknown state or a bad query", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token", body = ErrorBody),
+    ))]
 pub async fn list(
     _: Admin,
     query: web::Query<ListQuery>,
@@ -181,13 +207,22 @@ pub async fn list(
     page_response(&state, state.store.list_leads(&filter).await?).await
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 pub struct ReviewQuery {
+    /// Page size, 1 to 500 (default 50).
     limit: Option<u64>,
+    /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }
 
 /// `GET /v1/review`: invalid and unknown leads, oldest first.
+#[utoipa::path(get, path = "/v1/review", tag = "leads", security(("admin" = [])),
+    params(ReviewQuery),
+    responses(
+        (status = 200, description = "The review queue, oldest first", body = LeadPageView),
+        (status = 400, description = "A bad query", body = ErrorBody),
+        (status = 401, description = "Missing or wrong admin token", body = ErrorBody),
+    ))]
 pub async fn review(
     _: Admin,
     query: web::Query<ReviewQuery>,
@@ -220,10 +255,10 @@ async fn page_response(state: &AppState, page: LeadPage) -> Result<HttpResponse,
             LeadView::new(row, sale, awaiting)
         })
         .collect();
-    Ok(HttpResponse::Ok().json(serde_json::json!({
-        "leads": leads,
-        "next_cursor": page.next_cursor,
-    })))
+    Ok(HttpResponse::Ok().json(LeadPageView {
+        leads,
+        next_cursor: page.next_cursor,
+    }))
 }
 
 pub async fn find(state: &AppState, id: &str) -> Result<lead::Model, ApiError> {
@@ -235,14 +270,16 @@ pub async fn find(state: &AppState, id: &str) -> Result<lead::Model, ApiError> {
 }
 
 /// A lead as the admin API shows it (SPEC section 5).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct LeadView {
     id: String,
     source: String,
     external_id: Option<String>,
     lead_state: String,
     contract: Contract,
+    #[schema(value_type = Object)]
     fields: Value,
+    #[schema(value_type = Object)]
     attribution: Value,
     test: bool,
     /// The body as text (lossy where it is not UTF-8).
@@ -299,7 +336,7 @@ impl LeadView {
 }
 
 /// One attempt as the admin API shows it; secrets were redacted when stored.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct AttemptView {
     id: String,
     lead_id: String,
@@ -311,9 +348,20 @@ pub struct AttemptView {
     started_at: DateTime<Utc>,
     duration_ms: Option<i64>,
     retry_of: Option<String>,
+    /// `{url, method, headers, body}`; null for a skip.
     request: Value,
     response_body: Option<String>,
+    /// The buyer's configuration the attempt used, `${VAR}` secrets as references.
+    #[schema(value_type = Object)]
     snapshot: Value,
+}
+
+/// A page of leads.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LeadPageView {
+    leads: Vec<LeadView>,
+    /// Pass as `cursor` for the next page; null on the last.
+    next_cursor: Option<String>,
 }
 
 impl From<attempt::Model> for AttemptView {

@@ -9,6 +9,7 @@ mod form_page;
 mod health;
 mod intake;
 mod leads;
+mod openapi;
 mod status;
 mod status_page;
 
@@ -18,6 +19,7 @@ use actix_web::{web, HttpResponse};
 
 pub use auth::{secrets_equal, Admin};
 pub use error::ApiError;
+pub use openapi::ApiDoc;
 
 use crate::actors::Tree;
 use crate::config::{Settings, SharedSettings};
@@ -76,6 +78,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/review", web::get().to(leads::review))
         .route("/v1/status", web::get().to(status::status))
         .route("/metrics", web::get().to(status::metrics))
+        .route("/openapi.json", web::get().to(openapi::openapi_json))
         .route("/status", web::get().to(status_page::status_page))
         .route("/status/leads/{id}", web::get().to(status_page::lead_page))
         .route("/status/assets/{name}", web::get().to(status_page::asset))

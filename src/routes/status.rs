@@ -5,51 +5,97 @@
 //! spool (and `leads: null`).
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use utoipa::ToSchema;
 
-use super::buyers::live_buyer_views;
+use super::buyers::{live_buyer_views, BuyerView};
+use super::error::ErrorBody;
 use super::{Admin, ApiError, AppState};
 use crate::domain::LeadState;
 use crate::metrics::Snapshot;
 
+/// Leads by state.
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct LeadCounts {
+    received: u64,
+    routing: u64,
+    sold: u64,
+    unsold: u64,
+    unknown: u64,
+    invalid: u64,
+    duplicate: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Backlog {
+    pending: u64,
+}
+
+/// `GET /v1/status`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StatusView {
+    buyers: Vec<BuyerView>,
+    /// Null while the database is unreachable.
+    leads: Option<LeadCounts>,
+    /// Invalid and unknown leads; null while the database is unreachable.
+    review: Option<Backlog>,
+    /// Leads in the spool, waiting for the database.
+    spool: Backlog,
+    /// `ok` or `unreachable`.
+    database: String,
+}
+
+/// Buyers, lead counts, the review queue and the spool backlog.
+#[utoipa::path(get, path = "/v1/status", tag = "status",
+    responses(
+        (status = 200, description = "The status page's data; no personal data", body = StatusView),
+        (status = 401, description = "status_public = false and no admin token", body = ErrorBody),
+    ))]
 pub async fn status(
     request: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    if !state.settings().server.status_public {
-        Admin::check(&request)?;
-    }
+    check_access(&request, &state)?;
     let (buyers, database) = live_buyer_views(&state).await;
-    let mut review = Value::Null;
     let leads = match state.store.lead_counts().await {
-        Ok(mut counts) => {
-            let waiting =
+        Ok(counts) => {
+            let count =
                 |lead_state: LeadState| counts.get(lead_state.as_str()).copied().unwrap_or(0);
-            review = json!({"pending": waiting(LeadState::Invalid) + waiting(LeadState::Unknown)});
-            let by_state: Map<String, Value> = LeadState::ALL
-                .into_iter()
-                .map(|lead_state| {
-                    let count = counts.remove(lead_state.as_str()).unwrap_or_default();
-                    (lead_state.as_str().to_string(), json!(count))
-                })
-                .collect();
-            Value::Object(by_state)
+            Some(LeadCounts {
+                received: count(LeadState::Received),
+                routing: count(LeadState::Routing),
+                sold: count(LeadState::Sold),
+                unsold: count(LeadState::Unsold),
+                unknown: count(LeadState::Unknown),
+                invalid: count(LeadState::Invalid),
+                duplicate: count(LeadState::Duplicate),
+            })
         }
         Err(error) => {
             tracing::warn!(%error, "status without lead counts: database unreachable");
-            Value::Null
+            None
         }
     };
-    Ok(HttpResponse::Ok().json(json!({
-        "buyers": buyers,
-        "leads": leads,
-        "review": review,
-        "spool": {"pending": state.tree.spool.pending()},
-        "database": database,
-    })))
+    let review = leads.as_ref().map(|leads| Backlog {
+        pending: leads.invalid + leads.unknown,
+    });
+    Ok(HttpResponse::Ok().json(StatusView {
+        buyers,
+        leads,
+        review,
+        spool: Backlog {
+            pending: state.tree.spool.pending() as u64,
+        },
+        database: database.into(),
+    }))
 }
 
 /// `GET /metrics`: OpenMetrics text for Prometheus.
+#[utoipa::path(get, path = "/metrics", tag = "status",
+    responses(
+        (status = 200, description = "Intake, attempts, circuits, leads by state, spool backlog", body = String, content_type = "application/openmetrics-text"),
+        (status = 401, description = "status_public = false and no admin token", body = ErrorBody),
+    ))]
 pub async fn metrics(
     request: HttpRequest,
     state: web::Data<AppState>,

@@ -35,14 +35,28 @@ const ASSETS: [(&str, &str, &str); 4] = [
     ),
 ];
 
+/// The operators' status page (HTML; it reads `/v1/status`).
+#[utoipa::path(get, path = "/status", tag = "status",
+    responses((status = 200, description = "The page", body = String, content_type = "text/html")))]
 pub async fn status_page() -> HttpResponse {
     html(STATUS_PAGE)
 }
 
+/// A lead's timeline (HTML; it reads `/v1/leads/{id}` with the admin token).
+#[utoipa::path(get, path = "/status/leads/{id}", tag = "status",
+    params(("id" = String, Path, description = "The lead's submission_id")),
+    responses((status = 200, description = "The page", body = String, content_type = "text/html")))]
 pub async fn lead_page() -> HttpResponse {
     html(LEAD_PAGE)
 }
 
+/// The pages' script and style.
+#[utoipa::path(get, path = "/status/assets/{name}", tag = "status",
+    params(("name" = String, Path, description = "status.css, common.js, status.js or lead.js")),
+    responses(
+        (status = 200, description = "The file", body = String, content_type = "text/plain"),
+        (status = 404, description = "No such asset", body = super::error::ErrorBody),
+    ))]
 pub async fn asset(name: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let (_, content_type, content) = ASSETS
         .iter()

@@ -45,7 +45,7 @@ pub struct AttemptEnd {
 }
 
 /// Outcome counts of one buyer's attempts.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, utoipa::ToSchema)]
 pub struct OutcomeCounts {
     pub accepted: u64,
     pub rejected: u64,

@@ -60,6 +60,39 @@ async fn status_and_metrics_report_buyers_leads_and_the_spool(backend: Backend) 
         assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
     }
 
+    let openapi = app.send(app.client.get(app.url("/openapi.json")), "").await;
+    assert_eq!(openapi.status, 200, "served without auth");
+    let text = openapi.text();
+    assert!(
+        !text.contains(crate::helpers::ADMIN_TOKEN) && !text.contains(crate::helpers::PARTNER_KEY),
+        "no secrets"
+    );
+    let openapi = openapi.json();
+    for path in [
+        "/v1/leads",
+        "/v1/leads/batch",
+        "/v1/leads/{id}",
+        "/v1/leads/{id}/status",
+        "/v1/leads/{id}/reroute",
+        "/v1/leads/{id}/resolve",
+        "/v1/leads/{id}/return",
+        "/v1/attempts/{id}/retry",
+        "/v1/review",
+        "/v1/alerts",
+        "/v1/admin/reload",
+        "/v1/buyers",
+        "/v1/buyers/{id}/circuit",
+        "/v1/status",
+        "/metrics",
+        "/healthz",
+        "/readyz",
+        "/status",
+        "/openapi.json",
+    ] {
+        assert!(openapi["paths"][path].is_object(), "{path} is described");
+    }
+    assert!(openapi["components"]["schemas"]["Contract"].is_object());
+
     let page = app.send(app.client.get(app.url("/status")), "").await;
     assert_eq!(page.status, 200);
     assert!(page.text().contains("<table id=\"buyers\""));
