@@ -167,6 +167,7 @@ async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Wait
             tracing::error!(%error, leads = batch.len(), "lead insert failed; trying lead by lead");
             let lone = batch.len() == 1;
             let mut routable = Vec::new();
+            let mut failed = 0;
             for waiting in batch {
                 let stored = if lone {
                     Err(IntakeError::Store(error.to_string()))
@@ -174,11 +175,16 @@ async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Wait
                     persist_alone(store, &waiting.lead, &rules).await
                 };
                 routable.extend(stored.as_ref().ok().and_then(routable_id));
+                failed += usize::from(stored.is_err());
                 let _ = waiting
                     .reply
                     .send(stored.map(|outcome| contract_of(&outcome, &rules)));
             }
             targets.route_to.do_send(RouteLeads { lead_ids: routable });
+            if failed > 0 {
+                let message = format!("intake could not store {failed} leads: {error}");
+                raise_later(&targets.alerts, AlertKind::IntakeFailed, message);
+            }
         }
         Ok(Err(error)) => {
             tracing::error!(%error, leads = batch.len(), "database unreachable; spooling");
@@ -237,7 +243,12 @@ async fn spool_batch(targets: &IntakeTargets, batch: Vec<Waiting>) {
             )
         }
     };
-    let alerts = targets.alerts.clone();
+    raise_later(&targets.alerts, kind, message);
+}
+
+/// Raises an alert without holding up the senders' answers.
+fn raise_later(alerts: &Alerts, kind: AlertKind, message: String) {
+    let alerts = alerts.clone();
     actix::spawn(async move { alerts.raise(kind, None, None, &message).await });
 }
 

@@ -14,6 +14,7 @@ on_both_databases!(
     resolve_settles_an_unknown_lead_once,
     a_retry_after_a_reload_goes_to_the_url_of_the_snapshot,
     an_invalid_reload_keeps_the_running_configuration,
+    a_reload_that_removes_a_buyer_stops_offering_it_leads,
     a_returned_lead_is_offered_to_the_other_buyers,
     alerts_are_rate_limited_kept_and_sent_to_the_webhook,
     renormalize_rederives_fields_from_raw_bytes_and_routes_the_fixed,
@@ -471,5 +472,43 @@ async fn renormalize_rederives_fields_from_raw_bytes_and_routes_the_fixed(backen
     assert!(
         String::from_utf8_lossy(&again.stdout).contains("changed 0"),
         "a second run changes nothing"
+    );
+}
+
+async fn a_reload_that_removes_a_buyer_stops_offering_it_leads(backend: Backend) {
+    let first = TestBuyer::start(accept(), accept());
+    let second = TestBuyer::start(accept(), accept());
+    let both = format!(
+        "{}{}",
+        BuyerConfig::new("first", 1).toml(&first.base),
+        BuyerConfig::new("second", 2).toml(&second.base)
+    );
+    let app = spawn_app_with(backend, &both).await;
+    let id = app.submit(json!({"email": "ann@example.com"})).await;
+    assert_eq!(app.wait_for_state(&id, "sold").await["sold_to"], "first");
+
+    let database_url = database_url_of(&app);
+    write_config(
+        app.config_path.as_ref().unwrap(),
+        &database_url,
+        &BuyerConfig::new("second", 2).toml(&second.base),
+    );
+    let reloaded = app.admin_send("POST", "/v1/admin/reload", json!({})).await;
+    assert_eq!(
+        reloaded.json()["buyers_removed"],
+        json!(["first"]),
+        "{}",
+        reloaded.text()
+    );
+    let buyers = app.admin_get("/v1/buyers").await.json();
+    assert_eq!(buyers.as_array().unwrap().len(), 1);
+    assert_eq!(buyers[0]["id"], "second");
+
+    let next = app.submit(json!({"email": "bob@example.com"})).await;
+    assert_eq!(app.wait_for_state(&next, "sold").await["sold_to"], "second");
+    assert_eq!(
+        first.calls("ping").len(),
+        1,
+        "the removed buyer gets no new attempts"
     );
 }

@@ -5,7 +5,9 @@ use futures_util::future::join_all;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter};
 use serde_json::{json, Value};
 
-use crate::helpers::{spawn_app, spawn_app_with, Backend, PARTNER_KEY};
+use std::time::Duration;
+
+use crate::helpers::{spawn_app, spawn_app_with, wait_until, Backend, PARTNER_KEY};
 use crate::on_both_databases;
 
 on_both_databases!(
@@ -80,6 +82,19 @@ async fn the_intake_log_row_exists_even_when_the_lead_insert_fails(backend: Back
         .expect("the arrival was logged before the failed insert");
     assert_eq!(logged.body, body.to_vec());
     assert_eq!(logged.source_id.as_deref(), Some("website"));
+    wait_until(
+        "the intake_failed alert",
+        Duration::from_secs(10),
+        || async {
+            entity::alert::Entity::find()
+                .filter(entity::alert::Column::Kind.eq("intake_failed"))
+                .one(app.store.connection())
+                .await
+                .unwrap()
+                .is_some()
+        },
+    )
+    .await;
 }
 
 async fn raw_bytes_come_back_byte_for_byte(backend: Backend) {
