@@ -90,13 +90,7 @@ async fn fixing_an_invalid_lead_routes_it_and_leaves_the_raw_bytes(backend: Back
 async fn reroute_skips_buyers_posted_to_unless_include_tried_and_never_sells_twice(
     backend: Backend,
 ) {
-    let first = TestBuyer::start(accept(), Answer::Reject);
-    let second = TestBuyer::start(accept(), Answer::Reject);
-    let extra = format!(
-        "{}{}",
-        BuyerConfig::new("first", 1).toml(&first.base),
-        BuyerConfig::new("second", 2).toml(&second.base)
-    );
+    let (first, second, extra) = first_and_second(Answer::Reject, Answer::Reject);
     let app = spawn_app_with(backend, &extra).await;
     let id = app.submit(json!({"email": "ann@example.com"})).await;
     app.wait_for_state(&id, "unsold").await;
@@ -139,6 +133,19 @@ async fn reroute_skips_buyers_posted_to_unless_include_tried_and_never_sells_twi
         .admin_send("POST", "/v1/leads/no-such-lead/reroute", json!({}))
         .await;
     assert_eq!(missing.status, 404);
+}
+
+/// Buyers `first` (priority 1) and `second` (2), both accepting pings,
+/// posts answered as given; and their `[[buyers]]` TOML.
+fn first_and_second(first_post: Answer, second_post: Answer) -> (TestBuyer, TestBuyer, String) {
+    let first = TestBuyer::start(accept(), first_post);
+    let second = TestBuyer::start(accept(), second_post);
+    let toml = format!(
+        "{}{}",
+        BuyerConfig::new("first", 1).toml(&first.base),
+        BuyerConfig::new("second", 2).toml(&second.base)
+    );
+    (first, second, toml)
 }
 
 /// A buyer whose posts time out after 300 ms: its leads end `unknown`.
@@ -286,13 +293,7 @@ async fn an_invalid_reload_keeps_the_running_configuration(backend: Backend) {
 }
 
 async fn a_returned_lead_is_offered_to_the_other_buyers(backend: Backend) {
-    let first = TestBuyer::start(accept(), accept());
-    let second = TestBuyer::start(accept(), accept());
-    let extra = format!(
-        "{}{}",
-        BuyerConfig::new("first", 1).toml(&first.base),
-        BuyerConfig::new("second", 2).toml(&second.base)
-    );
+    let (first, _second, extra) = first_and_second(accept(), accept());
     let app = spawn_app_with(backend, &extra).await;
     let id = app.submit(json!({"email": "ann@example.com"})).await;
     assert_eq!(app.wait_for_state(&id, "sold").await["sold_to"], "first");
@@ -476,13 +477,7 @@ async fn renormalize_rederives_fields_from_raw_bytes_and_routes_the_fixed(backen
 }
 
 async fn a_reload_that_removes_a_buyer_stops_offering_it_leads(backend: Backend) {
-    let first = TestBuyer::start(accept(), accept());
-    let second = TestBuyer::start(accept(), accept());
-    let both = format!(
-        "{}{}",
-        BuyerConfig::new("first", 1).toml(&first.base),
-        BuyerConfig::new("second", 2).toml(&second.base)
-    );
+    let (first, second, both) = first_and_second(accept(), accept());
     let app = spawn_app_with(backend, &both).await;
     let id = app.submit(json!({"email": "ann@example.com"})).await;
     assert_eq!(app.wait_for_state(&id, "sold").await["sold_to"], "first");
