@@ -1,6 +1,7 @@
 //! `leadrouter demo`: the service on an embedded configuration (SQLite in
 //! `data/demo/`), three simulated buyers on loopback ports, and a demo form
-//! page at `/demo`, so a newcomer sees leads go in and get sold.
+//! page at `/demo`, so a newcomer sees leads go in and get sold, and the
+//! operators' status page at `/status`.
 
 use actix_web::{web, HttpResponse};
 
@@ -48,6 +49,7 @@ pub async fn run() -> anyhow::Result<()> {
     let base = format!("http://127.0.0.1:{}", application.port());
     println!("leadrouter demo is running");
     println!("  demo form:    {base}/demo");
+    println!("  status page:  {base}/status  (admin token for the review queue: {token})");
     println!("  buyers:        curl -s -H 'Authorization: Bearer {token}' {base}/v1/buyers");
     println!("  a lead by API: curl -s -X POST '{base}/v1/leads?source=website' -H 'Content-Type: application/json' -d '{{\"email\":\"ann@example.com\",\"phone\":\"555-010-9999\",\"state\":\"CA\"}}'");
     println!("  leads (admin): curl -s -H 'Authorization: Bearer {token}' {base}/v1/leads");
