@@ -1,6 +1,11 @@
 //! Intake benchmark: real HTTP load at `POST /v1/leads`, next to the raw
 //! single-row insert rate of the same database measured in the same run.
 //!
+//! On PostgreSQL a last phase makes the database unreachable (no new
+//! connections, the open ones terminated) while the load goes on: intake
+//! answers from the spool; then the database comes back and the bench times
+//! the drain and checks every acknowledged lead is stored once.
+//!
 //! `cargo bench --bench intake` — both databases. Environment:
 //! `BENCH_DB` (`sqlite`, `postgres` or `both`), `BENCH_SECONDS` (10),
 //! `BENCH_CLIENTS` (64), `BENCH_FIXED_RATE` (1000 leads/s).
@@ -79,15 +84,68 @@ fn run(backend: Backend, bench: &Settings) {
         "intake at {} leads/s:       {:>8.0} leads/s  p50 {:>6.2} ms  p99 {:>6.2} ms",
         bench.fixed_rate, fixed.rate, fixed.p50_ms, fixed.p99_ms
     );
+    let mut acknowledged = closed.acknowledged + fixed.acknowledged;
+    if backend == Backend::Postgres {
+        let spooled = System::new().block_on(spool_phase(&database.url, port, bench));
+        println!(
+            "intake, database unreachable (spool): {:>8.0} leads/s  p50 {:>6.2} ms  p99 {:>6.2} ms  ({:.2}x intake with the database)",
+            spooled.rate,
+            spooled.p50_ms,
+            spooled.p99_ms,
+            spooled.rate / closed.rate
+        );
+        acknowledged += spooled.acknowledged;
+    }
     System::new().block_on(server_handle.stop(true));
     let _ = server.join();
     let stored = System::new().block_on(count_leads(&database.url));
-    let acknowledged = closed.acknowledged + fixed.acknowledged;
     println!("acknowledged {acknowledged} leads, {stored} stored");
     assert_eq!(
         stored, acknowledged as u64,
         "every acknowledged lead is stored"
     );
+}
+
+/// Closed-loop load while PostgreSQL refuses the service, then the drain.
+async fn spool_phase(url: &str, port: u16, bench: &Settings) -> support::LoadResult {
+    let (server, name) = url.rsplit_once('/').unwrap();
+    let admin = sea_orm::Database::connect(format!("{server}/postgres"))
+        .await
+        .unwrap();
+    let allow = |allowed: bool| format!("ALTER DATABASE {name} ALLOW_CONNECTIONS {allowed}");
+    admin.execute_unprepared(&allow(false)).await.unwrap();
+    admin
+        .execute_unprepared(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+        ))
+        .await
+        .unwrap();
+    let intake = format!("http://127.0.0.1:{port}/v1/leads?source=bench");
+    let spooled = closed_loop(&intake, bench.clients, bench.seconds).await;
+    admin.execute_unprepared(&allow(true)).await.unwrap();
+    let back = Instant::now();
+    let status = format!("http://127.0.0.1:{port}/v1/status");
+    let client = awc::Client::default();
+    loop {
+        let pending = match client.get(&status).send().await {
+            Ok(mut response) => response
+                .json::<serde_json::Value>()
+                .await
+                .ok()
+                .and_then(|status| status["spool"]["pending"].as_u64()),
+            Err(_) => None,
+        };
+        if pending == Some(0) {
+            break;
+        }
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "spool drained {} leads in {:.2} s after the database came back",
+        spooled.acknowledged,
+        back.elapsed().as_secs_f64()
+    );
+    spooled
 }
 
 fn database_settings(url: &str) -> DatabaseSettings {
@@ -140,6 +198,10 @@ fn start_server(database_url: &str) -> (u16, ServerHandle, std::thread::JoinHand
     let mut settings = config::parse(CONFIG, |_| None).unwrap();
     settings.database = database_settings(database_url);
     settings.server.listen = "127.0.0.1:0".into();
+    settings.intake.spool_dir = std::env::temp_dir().join(format!(
+        "leadrouter-bench-spool-{}",
+        leadrouter::domain::new_id()
+    ));
     let (ready, port) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || {
         System::new().block_on(async move {

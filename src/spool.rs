@@ -6,14 +6,17 @@
 //! senders are answered `pending`. The `SpoolDrainer` actor moves the files
 //! into the database, oldest first, once it answers, then deletes them.
 //! While a lead is spooled, its (source, key) and its id answer from the
-//! in-memory index here, so a replay gets the spooled contract. At start the
+//! in-memory index here, so a replay gets the spooled contract. Once a batch
+//! found the database unreachable, intake spools without trying it again
+//! until the drainer has reached it (`database_down`), so an outage costs
+//! senders the acquire timeout once, not on every batch. At start the
 //! index is rebuilt from the files left by an earlier run. A directory that
 //! cannot be created is reported (log, `/readyz`), not fatal.
 
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
@@ -44,6 +47,7 @@ struct Inner {
     by_key: DashMap<(String, String), Contract>,
     by_id: DashMap<String, Contract>,
     pending: AtomicUsize,
+    database_down: AtomicBool,
 }
 
 impl Spool {
@@ -56,6 +60,7 @@ impl Spool {
                 by_key: DashMap::new(),
                 by_id: DashMap::new(),
                 pending: AtomicUsize::new(0),
+                database_down: AtomicBool::new(false),
             }),
         };
         if let Err(error) = fs::create_dir_all(dir) {
@@ -124,6 +129,20 @@ impl Spool {
     /// Leads waiting in the spool.
     pub fn pending(&self) -> usize {
         self.inner.pending.load(Ordering::Relaxed)
+    }
+
+    /// Intake found the database unreachable: spool without trying it.
+    pub fn mark_database_down(&self) {
+        self.inner.database_down.store(true, Ordering::Relaxed);
+    }
+
+    /// The drainer reached the database again.
+    pub fn mark_database_up(&self) {
+        self.inner.database_down.store(false, Ordering::Relaxed);
+    }
+
+    pub fn database_down(&self) -> bool {
+        self.inner.database_down.load(Ordering::Relaxed)
     }
 
     /// Why the spool cannot take leads, if it cannot.

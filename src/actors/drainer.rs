@@ -39,7 +39,8 @@ impl SpoolDrainer {
     }
 
     fn drain(&mut self, ctx: &mut Context<Self>) {
-        if self.busy || self.targets.spool.pending() == 0 {
+        let spool = &self.targets.spool;
+        if self.busy || (spool.pending() == 0 && !spool.database_down()) {
             return;
         }
         self.busy = true;
@@ -77,9 +78,18 @@ async fn drain_journals(targets: IntakeTargets, rules: IntakeRules) {
             return;
         }
     };
+    if journals.is_empty() {
+        // Intake spooled nothing it could not write (the spool failed too):
+        // see whether the database answers again.
+        if targets.store.is_reachable().await {
+            targets.spool.mark_database_up();
+        }
+        return;
+    }
     for journal in journals {
         match drain_journal(&targets, &rules, &journal).await {
             Ok(moved) => {
+                targets.spool.mark_database_up();
                 tracing::info!(
                     moved,
                     pending = targets.spool.pending(),
@@ -91,6 +101,9 @@ async fn drain_journals(targets: IntakeTargets, rules: IntakeRules) {
                 return;
             }
             Err(error) => {
+                if matches!(error, DrainError::Refused(_)) {
+                    targets.spool.mark_database_up();
+                }
                 tracing::error!(%error, journal = %journal.display(), "spool journal not moved; trying the next")
             }
         }

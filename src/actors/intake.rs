@@ -147,6 +147,9 @@ impl Handler<SubmitLead> for Intake {
 }
 
 async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Waiting>) {
+    if targets.spool.database_down() {
+        return spool_batch(&targets, batch).await;
+    }
     let store = &targets.store;
     let leads: Vec<NewLead> = batch.iter().map(|waiting| waiting.lead.clone()).collect();
     let written = actix_web::rt::time::timeout(rules.write_deadline, async {
@@ -187,14 +190,16 @@ async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Wait
             }
         }
         Ok(Err(error)) => {
-            tracing::error!(%error, leads = batch.len(), "database unreachable; spooling");
+            tracing::error!(%error, leads = batch.len(), "database unreachable; spooling until the drainer reaches it");
+            targets.spool.mark_database_down();
             spool_batch(&targets, batch).await;
         }
         Err(_) => {
             tracing::error!(
                 leads = batch.len(),
-                "database did not answer in time; spooling"
+                "database did not answer in time; spooling until the drainer reaches it"
             );
+            targets.spool.mark_database_down();
             spool_batch(&targets, batch).await;
         }
     }
