@@ -136,17 +136,22 @@ async fn route(routing: &RoutingContext, lead_id: &str) -> Result<Option<LeadSta
     let Some(row) = store.find_lead(lead_id).await? else {
         return Ok(None);
     };
-    let (posts, _) = store.settle_interrupted_attempts(lead_id).await?;
-    if posts > 0 {
-        let message = format!(
-            "a post of lead {lead_id} was in flight when routing stopped: lead unknown, not re-sent"
-        );
-        routing
-            .alerts
-            .raise(AlertKind::PostTimeout, None, Some(lead_id), &message)
-            .await;
+    let mut history = store.attempts_of(lead_id).await?;
+    // Calls left in flight by a routing that stopped (a crash, a restart):
+    // settle them first. A fresh lead has no history, so no extra query.
+    if history.iter().any(|attempt| attempt.outcome == "in_flight") {
+        let (posts, _) = store.settle_interrupted_attempts(lead_id).await?;
+        if posts > 0 {
+            let message = format!(
+                "a post of lead {lead_id} was in flight when routing stopped: lead unknown, not re-sent"
+            );
+            routing
+                .alerts
+                .raise(AlertKind::PostTimeout, None, Some(lead_id), &message)
+                .await;
+        }
+        history = store.attempts_of(lead_id).await?;
     }
-    let history = store.attempts_of(lead_id).await?;
     // After a reroute only the attempts since decide the lead.
     let (earlier, current): (Vec<attempt::Model>, Vec<attempt::Model>) =
         history.into_iter().partition(|attempt| {
