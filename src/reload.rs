@@ -68,18 +68,34 @@ pub async fn reload(settings: &SharedSettings, tree: &Tree) -> Result<ReloadRepo
     Ok(report)
 }
 
-/// Reloads on every SIGHUP, logging the outcome.
-pub async fn reload_on_sighup(settings: SharedSettings, tree: Tree) {
+/// Listens for SIGHUP from now on (before the service says it is up, so
+/// an early SIGHUP reloads instead of killing the process) and reloads on
+/// each, logging the outcome. Spawn the returned future.
+pub fn reload_on_sighup(
+    settings: SharedSettings,
+    tree: Tree,
+) -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut hangups = match signal(SignalKind::hangup()) {
-        Ok(hangups) => hangups,
-        Err(error) => {
-            tracing::error!(%error, "cannot listen for SIGHUP; reload with POST /v1/admin/reload");
-            return;
-        }
-    };
+    let hangups = signal(SignalKind::hangup());
+    async move {
+        let mut hangups = match hangups {
+            Ok(hangups) => hangups,
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGHUP; reload with POST /v1/admin/reload");
+                return;
+            }
+        };
+        reload_each(&mut hangups, &settings, &tree).await;
+    }
+}
+
+async fn reload_each(
+    hangups: &mut tokio::signal::unix::Signal,
+    settings: &SharedSettings,
+    tree: &Tree,
+) {
     while hangups.recv().await.is_some() {
-        match reload(&settings, &tree).await {
+        match reload(settings, tree).await {
             Ok(_) => {}
             Err(ReloadError::Invalid(problems)) => {
                 let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();

@@ -104,9 +104,15 @@ impl Spool {
             file.write_all(b"\n")?;
         }
         file.sync_all()?;
-        fs::rename(&temporary, &journal)?;
-        self.sync_dir()?;
+        // Indexed before the journal is visible, so the drainer never
+        // removes entries that are not indexed yet.
         self.index(leads);
+        let renamed = fs::rename(&temporary, &journal).and_then(|()| self.sync_dir());
+        if let Err(error) = renamed {
+            self.forget(leads);
+            let _ = fs::remove_file(&temporary);
+            return Err(error);
+        }
         Ok(())
     }
 
@@ -165,6 +171,23 @@ impl Spool {
     pub fn remove(&self, journal: &Path, leads: &[SpooledLead]) -> io::Result<()> {
         fs::remove_file(journal)?;
         self.sync_dir()?;
+        self.forget(leads);
+        Ok(())
+    }
+
+    /// Keeps a spooled lead the database refused in `refused/`, for an
+    /// operator: it is never dropped.
+    pub fn set_aside(&self, refused: &SpooledLead) -> io::Result<()> {
+        let dir = self.inner.dir.join("refused");
+        fs::create_dir_all(&dir)?;
+        let path = dir.join(format!("{}.json", refused.lead.id));
+        let mut file = File::create(&path)?;
+        serde_json::to_writer(&mut file, refused)?;
+        file.sync_all()?;
+        File::open(&dir)?.sync_all()
+    }
+
+    fn forget(&self, leads: &[SpooledLead]) {
         for spooled in leads {
             if self.inner.by_id.remove(&spooled.lead.id).is_some() {
                 self.inner.pending.fetch_sub(1, Ordering::Relaxed);
@@ -173,7 +196,6 @@ impl Spool {
                 self.inner.by_key.remove(&key);
             }
         }
-        Ok(())
     }
 
     fn index(&self, leads: &[SpooledLead]) {

@@ -6,9 +6,11 @@
 //! the database (its write had committed after all) is not written again,
 //! and a (source, key) already taken makes the spooled lead that key's
 //! replay, as at intake. A journal is deleted only after its leads are
-//! committed, so a crash mid-drain repeats the move, never loses it.
+//! committed, so a crash mid-drain repeats the move, never loses it; a lead
+//! the database refuses on its own is kept in the spool's `refused/` with
+//! an alert. The drainer also tells intake when the database answers again.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -16,6 +18,7 @@ use actix::prelude::*;
 use super::intake::{routable_id, IntakeRules, IntakeTargets};
 use super::router::RouteLeads;
 use super::supervision::{guarded, RestartLog};
+use crate::alerts::AlertKind;
 use crate::spool::{read_journal, SpooledLead};
 use crate::store::{is_unreachable, NewLead};
 
@@ -69,25 +72,24 @@ impl Supervised for SpoolDrainer {
 }
 
 /// Moves every journal it can; stops at the first sign the database is
-/// still unreachable.
+/// still unreachable. With nothing to move (or a spool that cannot be
+/// listed), it only checks whether the database answers again.
 async fn drain_journals(targets: IntakeTargets, rules: IntakeRules) {
     let journals = match targets.spool.journals() {
         Ok(journals) => journals,
         Err(error) => {
             tracing::error!(%error, "cannot list the spool directory");
-            return;
+            Vec::new()
         }
     };
     if journals.is_empty() {
-        // Intake spooled nothing it could not write (the spool failed too):
-        // see whether the database answers again.
         if targets.store.is_reachable().await {
             targets.spool.mark_database_up();
         }
         return;
     }
     for journal in journals {
-        match drain_journal(&targets, &rules, &journal).await {
+        match drain_journal(&targets, &rules, journal.clone()).await {
             Ok(moved) => {
                 targets.spool.mark_database_up();
                 tracing::info!(
@@ -101,9 +103,6 @@ async fn drain_journals(targets: IntakeTargets, rules: IntakeRules) {
                 return;
             }
             Err(error) => {
-                if matches!(error, DrainError::Refused(_)) {
-                    targets.spool.mark_database_up();
-                }
                 tracing::error!(%error, journal = %journal.display(), "spool journal not moved; trying the next")
             }
         }
@@ -131,29 +130,91 @@ impl From<sea_orm::DbErr> for DrainError {
 }
 
 /// Writes one journal's leads (those not already in the database), routes
-/// the new ones, then deletes the journal. Returns how many were written.
+/// the new ones, then deletes the journal. A batch the database refuses is
+/// written lead by lead; a lead refused on its own is set aside in the
+/// spool's `refused/` with an alert, never dropped. Returns how many leads
+/// were written.
 async fn drain_journal(
     targets: &IntakeTargets,
     rules: &IntakeRules,
-    journal: &Path,
+    journal: PathBuf,
 ) -> Result<usize, DrainError> {
-    let spooled: Vec<SpooledLead> = read_journal(journal)?;
+    let read = journal.clone();
+    let spooled: Vec<SpooledLead> = blocking(move || read_journal(&read)).await?;
     let ids: Vec<String> = spooled.iter().map(|entry| entry.lead.id.clone()).collect();
     let already_stored = targets.store.existing_lead_ids(&ids).await?;
-    let fresh: Vec<NewLead> = spooled
+    let fresh: Vec<&SpooledLead> = spooled
         .iter()
         .filter(|entry| !already_stored.contains(&entry.lead.id))
-        .map(|entry| entry.lead.clone())
         .collect();
-    if !fresh.is_empty() {
-        targets.store.log_arrivals(&fresh).await?;
-        let outcomes = targets
+    let leads: Vec<NewLead> = fresh.iter().map(|entry| entry.lead.clone()).collect();
+    if !leads.is_empty() {
+        // The journal itself is the evidence of arrival should the log fail.
+        match targets
             .store
-            .persist_leads(&fresh, &rules.duplicates)
-            .await?;
-        let routable = outcomes.iter().filter_map(routable_id).collect();
+            .log_arrivals(&leads)
+            .await
+            .map_err(DrainError::from)
+        {
+            Err(DrainError::Refused(error)) => {
+                tracing::warn!(%error, "spooled leads' intake log not written")
+            }
+            logged => logged?,
+        }
+        let mut routable = Vec::new();
+        match targets.store.persist_leads(&leads, &rules.duplicates).await {
+            Ok(outcomes) => routable.extend(outcomes.iter().filter_map(routable_id)),
+            Err(error) if is_unreachable(&error) => return Err(DrainError::Unreachable(error)),
+            Err(_) => {
+                for entry in fresh {
+                    let lead = std::slice::from_ref(&entry.lead);
+                    match targets.store.persist_leads(lead, &rules.duplicates).await {
+                        Ok(outcomes) => routable.extend(outcomes.iter().filter_map(routable_id)),
+                        Err(error) if is_unreachable(&error) => {
+                            return Err(DrainError::Unreachable(error))
+                        }
+                        Err(error) => set_aside(targets, entry, &error).await?,
+                    }
+                }
+            }
+        }
         targets.route_to.do_send(RouteLeads { lead_ids: routable });
     }
-    targets.spool.remove(journal, &spooled)?;
-    Ok(fresh.len())
+    let moved = leads.len();
+    let spool = targets.spool.clone();
+    blocking(move || spool.remove(&journal, &spooled)).await?;
+    Ok(moved)
+}
+
+/// Keeps a lead the database refuses in the spool's `refused/` and alerts.
+async fn set_aside(
+    targets: &IntakeTargets,
+    entry: &SpooledLead,
+    error: &sea_orm::DbErr,
+) -> Result<(), DrainError> {
+    let (spool, kept) = (targets.spool.clone(), entry.clone());
+    blocking(move || spool.set_aside(&kept)).await?;
+    let message = format!(
+        "spooled lead {} was refused by the database ({error}); kept in the spool's refused/ for an operator",
+        entry.lead.id
+    );
+    targets
+        .alerts
+        .raise(
+            AlertKind::IntakeFailed,
+            None,
+            Some(&entry.lead.id),
+            &message,
+        )
+        .await;
+    Ok(())
+}
+
+/// Runs file I/O off the arbiter the actors share.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    actix_web::rt::task::spawn_blocking(work)
+        .await
+        .map_err(std::io::Error::other)?
 }

@@ -166,32 +166,20 @@ async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Wait
             // Losing this message only delays routing to the next sweep.
             targets.route_to.do_send(RouteLeads { lead_ids: routable });
         }
-        Ok(Err(error)) if !is_unreachable(&error) => {
+        Ok(Err(error)) if !is_unreachable(&error) && batch.len() > 1 => {
             tracing::error!(%error, leads = batch.len(), "lead insert failed; trying lead by lead");
-            let lone = batch.len() == 1;
-            let mut routable = Vec::new();
-            let mut failed = 0;
+            write_one_by_one(&targets, &rules, batch).await;
+        }
+        Ok(Err(error)) if !is_unreachable(&error) => {
+            let failure = IntakeError::Store(error.to_string());
             for waiting in batch {
-                let stored = if lone {
-                    Err(IntakeError::Store(error.to_string()))
-                } else {
-                    persist_alone(store, &waiting.lead, &rules).await
-                };
-                routable.extend(stored.as_ref().ok().and_then(routable_id));
-                failed += usize::from(stored.is_err());
-                let _ = waiting
-                    .reply
-                    .send(stored.map(|outcome| contract_of(&outcome, &rules)));
+                let _ = waiting.reply.send(Err(failure.clone()));
             }
-            targets.route_to.do_send(RouteLeads { lead_ids: routable });
-            if failed > 0 {
-                let message = format!("intake could not store {failed} leads: {error}");
-                raise_later(&targets.alerts, AlertKind::IntakeFailed, message);
-            }
+            let message = format!("intake could not store a lead: {error}");
+            raise_later(&targets.alerts, AlertKind::IntakeFailed, message);
         }
         Ok(Err(error)) => {
             tracing::error!(%error, leads = batch.len(), "database unreachable; spooling until the drainer reaches it");
-            targets.spool.mark_database_down();
             spool_batch(&targets, batch).await;
         }
         Err(_) => {
@@ -199,9 +187,52 @@ async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Wait
                 leads = batch.len(),
                 "database did not answer in time; spooling until the drainer reaches it"
             );
-            targets.spool.mark_database_down();
             spool_batch(&targets, batch).await;
         }
+    }
+}
+
+/// After a batch the database refused: each lead on its own, so one bad row
+/// cannot fail its neighbours; a lead the database cannot be reached for
+/// goes to the spool.
+async fn write_one_by_one(targets: &IntakeTargets, rules: &IntakeRules, batch: Vec<Waiting>) {
+    let mut routable = Vec::new();
+    let mut unreachable = Vec::new();
+    let mut failed = Vec::new();
+    for waiting in batch {
+        let stored = targets
+            .store
+            .persist_leads(std::slice::from_ref(&waiting.lead), &rules.duplicates)
+            .await;
+        match stored.map(|outcomes| outcomes.into_iter().next()) {
+            Ok(Some(outcome)) => {
+                routable.extend(routable_id(&outcome));
+                let _ = waiting.reply.send(Ok(contract_of(&outcome, rules)));
+            }
+            Ok(None) => {
+                let _ = waiting.reply.send(Err(IntakeError::Interrupted));
+            }
+            Err(error) if is_unreachable(&error) => unreachable.push(waiting),
+            Err(error) => {
+                tracing::error!(%error, lead_id = %waiting.lead.id, "intake could not store a lead");
+                failed.push(error.to_string());
+                let _ = waiting
+                    .reply
+                    .send(Err(IntakeError::Store(error.to_string())));
+            }
+        }
+    }
+    targets.route_to.do_send(RouteLeads { lead_ids: routable });
+    if !failed.is_empty() {
+        let message = format!(
+            "intake could not store {} leads: {}",
+            failed.len(),
+            failed[0]
+        );
+        raise_later(&targets.alerts, AlertKind::IntakeFailed, message);
+    }
+    if !unreachable.is_empty() {
+        spool_batch(targets, unreachable).await;
     }
 }
 
@@ -224,6 +255,9 @@ async fn spool_batch(targets: &IntakeTargets, batch: Vec<Waiting>) {
             .and_then(|result| result);
     let (kind, message) = match appended {
         Ok(entries) => {
+            // Until the drainer reaches the database, later batches go
+            // straight to the spool.
+            targets.spool.mark_database_down();
             for (waiting, entry) in batch.into_iter().zip(entries) {
                 let _ = waiting.reply.send(Ok(entry.contract));
             }
@@ -264,23 +298,6 @@ pub(super) fn routable_id(outcome: &PersistOutcome) -> Option<String> {
             Some(row.id.clone())
         }
         _ => None,
-    }
-}
-
-async fn persist_alone(
-    store: &Store,
-    lead: &NewLead,
-    rules: &IntakeRules,
-) -> Result<PersistOutcome, IntakeError> {
-    match store
-        .persist_leads(std::slice::from_ref(lead), &rules.duplicates)
-        .await
-    {
-        Ok(outcomes) => outcomes.into_iter().next().ok_or(IntakeError::Interrupted),
-        Err(error) => {
-            tracing::error!(%error, lead_id = %lead.id, "intake could not store a lead");
-            Err(IntakeError::Store(error.to_string()))
-        }
     }
 }
 

@@ -301,9 +301,9 @@ impl Actor for Router {
 impl Supervised for Router {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
         self.restarts.restarted("router");
-        // Leads of live waterfalls keep their leases until those end; the
-        // rest come back through the sweep.
-        self.active.clear();
+        // Waterfalls outlive a router restart: keep them in `active` so
+        // their leases are still renewed and no second one starts. Claims
+        // in flight were dropped; their leads come back through the sweep.
         self.claiming.clear();
         self.sweeping = false;
         self.settling = false;

@@ -224,9 +224,6 @@ async fn walk(
         if finished.contains(&settings.id) {
             continue;
         }
-        if routing.draining.load(Ordering::Relaxed) {
-            return Err(RouteError::ShuttingDown);
-        }
         let skip = |reason: SkipReason| {
             let attempt = NewAttempt {
                 lead_id: row.id.clone(),
@@ -251,12 +248,7 @@ async fn walk(
             skip(SkipReason::Capped).await?;
             continue;
         }
-        if !store
-            .renew_lease(&row.id, &routing.instance_id, routing.lease)
-            .await?
-        {
-            return Err(RouteError::LeaseLost);
-        }
+        still_ours(routing, &row.id).await?;
         let offer_call = |kind, ping: PingResult| OfferLead {
             lead: offer.clone(),
             kind,
@@ -294,6 +286,8 @@ async fn walk(
             }
         }
 
+        // A ping can take long: shutdown or a lost lease stop the post too.
+        still_ours(routing, &row.id).await?;
         let bid = ping.bid;
         let offered = buyer.addr.send(offer_call(CallKind::Post, ping)).await?;
         tally.note(&offered);
@@ -343,6 +337,22 @@ async fn walk(
             .await;
     }
     Ok(LeadState::Unsold)
+}
+
+/// Before each call: not shutting down, and the lease (kept by the
+/// router's heartbeat) is still ours.
+async fn still_ours(routing: &RoutingContext, lead_id: &str) -> Result<(), RouteError> {
+    if routing.draining.load(Ordering::Relaxed) {
+        return Err(RouteError::ShuttingDown);
+    }
+    if !routing
+        .store
+        .holds_lease(lead_id, &routing.instance_id)
+        .await?
+    {
+        return Err(RouteError::LeaseLost);
+    }
+    Ok(())
 }
 
 /// What the buyers offered a lead made of it, for the "every buyer failed" alert.

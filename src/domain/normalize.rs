@@ -122,6 +122,8 @@ pub fn check_fields<'a>(
 
     let mut fields = Map::new();
     for (name, value) in raw_fields.into_iter().take(MAX_FIELDS) {
+        let name = without_nul(name);
+        let name = name.as_str();
         if name.chars().count() > MAX_FIELD_NAME_CHARS {
             errors.push(FieldError::new(
                 truncate(name, MAX_FIELD_NAME_CHARS),
@@ -165,7 +167,14 @@ fn scalar_text(value: &Value) -> Result<Option<String>, String> {
         }
         Value::Object(_) => return Err("expected a text value, got an object".into()),
     };
+    let text = without_nul(&text);
     Ok((!text.is_empty()).then_some(text))
+}
+
+/// NUL characters dropped: PostgreSQL text and jsonb cannot hold them (the
+/// raw payload keeps them, as bytes).
+fn without_nul(text: &str) -> String {
+    text.replace('\0', "")
 }
 
 fn scalar_part(value: &Value) -> Result<Option<String>, String> {
@@ -255,7 +264,9 @@ fn attribution(body: &Map<String, Value>, meta: &RequestMeta) -> Map<String, Val
 
 fn key_text(value: Option<&Value>) -> Option<String> {
     match value? {
-        Value::String(text) if !text.trim().is_empty() => Some(text.trim().to_string()),
+        Value::String(text) if !without_nul(text).trim().is_empty() => {
+            Some(without_nul(text).trim().to_string())
+        }
         Value::Number(number) => Some(number.to_string()),
         _ => None,
     }

@@ -15,6 +15,7 @@ use super::error::ErrorBody;
 use super::leads::{find, full_view, AttemptView, LeadView};
 use super::{Admin, ApiError, AppState};
 use crate::actors::buyer::{OfferLead, Offered, Retry};
+use crate::actors::directory::BuyerHandle;
 use crate::actors::router::RouteLeads;
 use crate::buyer::request::{LeadOffer, PingResult};
 use crate::buyer::{CallKind, CallOutcome};
@@ -198,15 +199,16 @@ pub async fn return_lead(
 
 /// `POST /v1/attempts/{id}/retry`: replays a ping or post with the buyer
 /// settings its snapshot froze (whatever the configuration says now), as a
-/// new attempt with `retry_of`. An accepted post makes the sale, still at
-/// most one. Answers the new attempt.
+/// new attempt with `retry_of`, for an `unsold` or `unknown` lead, which is
+/// held (leased) meanwhile. An accepted post makes the sale, still at most
+/// one. Answers the new attempt.
 #[utoipa::path(post, path = "/v1/attempts/{id}/retry", tag = "leads", security(("admin" = [])),
     params(("id" = String, Path, description = "The attempt to replay")),
     responses(
         (status = 200, description = "The new attempt (with `retry_of`)", body = AttemptView),
         (status = 401, description = "Missing or wrong admin token", body = ErrorBody),
         (status = 404, description = "No such attempt", body = ErrorBody),
-        (status = 409, description = "Not a ping or post, the lead is being routed or already sold, or the buyer is gone", body = ErrorBody),
+        (status = 409, description = "Not a ping or post, the lead is not unsold or unknown, or the buyer is gone", body = ErrorBody),
         (status = 503, description = "The retry could not be recorded", body = ErrorBody),
     ))]
 pub async fn retry(
@@ -232,19 +234,20 @@ pub async fn retry(
         return Err(ApiError::Conflict("the attempt is still in flight".into()));
     }
     let lead = find(&state, &original.lead_id).await?;
-    match LeadState::parse(&lead.state) {
-        Some(LeadState::Routing) => {
+    let previous = match LeadState::parse(&lead.state) {
+        Some(settled @ (LeadState::Unsold | LeadState::Unknown)) => settled,
+        Some(LeadState::Sold) => {
             return Err(ApiError::Conflict(
-                "the lead is being routed; retry once it is settled".into(),
+                "the lead is already sold; a retry could sell it twice".into(),
             ))
         }
-        Some(LeadState::Sold) if kind == CallKind::Post => {
-            return Err(ApiError::Conflict(
-                "the lead is already sold; a retried post could sell it twice".into(),
-            ))
+        _ => {
+            return Err(ApiError::Conflict(format!(
+                "only the attempts of an unsold or unknown lead can be retried; this one is {}",
+                lead.state
+            )))
         }
-        _ => {}
-    }
+    };
     let settings = buyer_from_snapshot(&original.snapshot).map_err(|problems| {
         let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();
         ApiError::Conflict(format!(
@@ -258,15 +261,57 @@ pub async fn retry(
             original.buyer_id
         ))
     })?;
+    // Held for the retry: no waterfall takes the lead meanwhile.
+    let owner = format!("{}:retry", state.tree.instance_id);
+    let lease = state.settings().routing.lease;
+    if !state
+        .store
+        .hold_lead(&lead.id, &lead.state, &owner, lease)
+        .await?
+    {
+        return Err(ApiError::Conflict(
+            "the lead changed meanwhile; try again".into(),
+        ));
+    }
+    let replayed = replay(&state, &lead, &original, kind, buyer, settings).await;
+    let settled = match &replayed {
+        Ok(true) => LeadState::Sold,
+        _ => previous,
+    };
+    state
+        .store
+        .settle_leads(&owner, &[(lead.id.clone(), settled)])
+        .await?;
+    replayed?;
+    let retried = state
+        .store
+        .attempts_of(&lead.id)
+        .await?
+        .into_iter()
+        .rev()
+        .find(|attempt| attempt.retry_of.as_deref() == Some(original.id.as_str()))
+        .ok_or_else(|| ApiError::Unavailable("the retry left no attempt row".into()))?;
+    Ok(HttpResponse::Ok().json(AttemptView::from(retried)))
+}
+
+/// Makes the retried call through the buyer's actor; true when it sold the lead.
+async fn replay(
+    state: &AppState,
+    lead: &entity::lead::Model,
+    original: &entity::attempt::Model,
+    kind: CallKind,
+    buyer: BuyerHandle,
+    settings: crate::config::BuyerSettings,
+) -> Result<bool, ApiError> {
     let ping = match kind {
-        CallKind::Post => accepted_ping(&state, &original.lead_id, &original.buyer_id).await?,
+        CallKind::Post => accepted_ping(state, &original.lead_id, &original.buyer_id).await?,
         CallKind::Ping => PingResult::default(),
     };
     let bid = ping.bid;
     let offered = buyer
         .addr
         .send(OfferLead {
-            lead: Arc::new(LeadOffer::of(&lead)),
+            lead: Arc::new(LeadOffer::of(lead)),
             kind,
             ping,
             instance_id: state.tree.instance_id.clone(),
@@ -277,12 +322,12 @@ pub async fn retry(
         })
         .await
         .map_err(|error| ApiError::Unavailable(format!("buyer actor: {error}")))?;
-    match &offered {
+    match offered {
         Offered::Called(report)
             if kind == CallKind::Post && report.outcome == CallOutcome::Accepted =>
         {
             let price = report.price.or(bid).or(buyer.settings.price);
-            let sold = state
+            Ok(state
                 .store
                 .record_sale(
                     &lead.id,
@@ -290,29 +335,13 @@ pub async fn retry(
                     Some(&report.attempt_id),
                     price,
                 )
-                .await?;
-            if sold {
-                state.store.mark_sold(&lead.id).await?;
-            } else {
-                tracing::warn!(lead_id = %lead.id, "retried post accepted, but the lead was already sold: no second sale");
-            }
+                .await?)
         }
-        Offered::NotRecorded | Offered::Crashed => {
-            return Err(ApiError::Unavailable(
-                "the retry could not be recorded or the buyer actor crashed".into(),
-            ))
-        }
-        _ => {}
+        Offered::NotRecorded | Offered::Crashed => Err(ApiError::Unavailable(
+            "the retry could not be recorded or the buyer actor crashed".into(),
+        )),
+        _ => Ok(false),
     }
-    let retried = state
-        .store
-        .attempts_of(&lead.id)
-        .await?
-        .into_iter()
-        .rev()
-        .find(|attempt| attempt.retry_of.as_deref() == Some(original.id.as_str()))
-        .ok_or_else(|| ApiError::Unavailable("the retry left no attempt row".into()))?;
-    Ok(HttpResponse::Ok().json(AttemptView::from(retried)))
 }
 
 /// The ping this buyer accepted for the lead, for a retried post.

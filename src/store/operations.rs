@@ -250,21 +250,30 @@ impl Store {
         self.after_change(lead_id, 1, "").await
     }
 
-    /// A retried post was accepted and its sale recorded: an `unknown`,
-    /// `unsold` or `received` lead becomes `sold`.
-    pub async fn mark_sold(&self, lead_id: &str) -> Result<(), DbErr> {
-        lead::Entity::update_many()
-            .col_expr(lead::Column::State, Expr::value(LeadState::Sold.as_str()))
-            .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
+    /// Holds a lead in `state` for an operator's retry: it moves to
+    /// `routing` under `owner`'s lease, so no waterfall takes it meanwhile.
+    /// False when its state changed. `settle_leads` ends the hold.
+    pub async fn hold_lead(
+        &self,
+        lead_id: &str,
+        state: &str,
+        owner: &str,
+        lease: std::time::Duration,
+    ) -> Result<bool, DbErr> {
+        let until = Utc::now() + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
+        let held = lead::Entity::update_many()
+            .col_expr(
+                lead::Column::State,
+                Expr::value(LeadState::Routing.as_str()),
+            )
+            .col_expr(lead::Column::LeaseOwner, Expr::value(owner))
+            .col_expr(lead::Column::LeaseUntil, Expr::value(until))
             .filter(lead::Column::Id.eq(lead_id))
-            .filter(lead::Column::State.is_in([
-                LeadState::Unknown.as_str(),
-                LeadState::Unsold.as_str(),
-                LeadState::Received.as_str(),
-            ]))
+            .filter(lead::Column::State.eq(state))
             .exec(&self.db)
-            .await?;
-        Ok(())
+            .await?
+            .rows_affected;
+        Ok(held == 1)
     }
 
     pub async fn find_attempt(&self, attempt_id: &str) -> Result<Option<attempt::Model>, DbErr> {

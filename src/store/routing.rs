@@ -231,21 +231,17 @@ impl Store {
         Ok((posts, others))
     }
 
-    /// Extends our lease; false when another instance took the lead over.
-    pub async fn renew_lease(
-        &self,
-        lead_id: &str,
-        owner: &str,
-        lease: Duration,
-    ) -> Result<bool, DbErr> {
-        let result = lead::Entity::update_many()
-            .col_expr(lead::Column::LeaseUntil, Expr::value(lease_end(lease)))
+    /// Whether we still hold the lead's lease (a read: the router's
+    /// heartbeat extends it).
+    pub async fn holds_lease(&self, lead_id: &str, owner: &str) -> Result<bool, DbErr> {
+        let held = lead::Entity::find()
             .filter(lead::Column::Id.eq(lead_id))
             .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
             .filter(lead::Column::LeaseOwner.eq(owner))
-            .exec(&self.db)
+            .filter(lead::Column::LeaseUntil.gt(Utc::now()))
+            .count(&self.db)
             .await?;
-        Ok(result.rows_affected == 1)
+        Ok(held == 1)
     }
 
     /// Puts leads we hold into their final states and releases their
@@ -291,7 +287,8 @@ impl Store {
 
     /// Puts back to `received` the unsold leads (arrived after `since`) that
     /// this buyer skipped for its circuit or load, or failed with an error.
-    /// Returns how many were requeued.
+    /// Leads an operator rerouted or that were returned are left to the
+    /// operator. Returns how many were requeued.
     pub async fn requeue_unsold_for(
         &self,
         buyer_id: &str,
@@ -326,6 +323,7 @@ impl Store {
                 .filter(lead::Column::Id.is_in(chunk.iter().map(String::as_str)))
                 .filter(lead::Column::State.eq(LeadState::Unsold.as_str()))
                 .filter(lead::Column::ReceivedAt.gte(since))
+                .filter(lead::Column::HistoryFrom.is_null())
                 .order_by_asc(lead::Column::ReceivedAt)
                 .limit(limit - requeued)
                 .into_tuple()

@@ -11,6 +11,7 @@ use crate::helpers::{spawn_app, spawn_app_with, wait_until, Backend, PARTNER_KEY
 use crate::on_both_databases;
 
 on_both_databases!(
+    nul_characters_are_stored_not_refused,
     a_valid_lead_is_stored_and_accepted_at_once,
     the_intake_log_row_exists_even_when_the_lead_insert_fails,
     raw_bytes_come_back_byte_for_byte,
@@ -500,5 +501,24 @@ async fn a_batch_judges_each_lead_on_its_own(backend: Backend) {
         app.send(request, body).await.status,
         401,
         "batch needs a feed key"
+    );
+}
+
+async fn nul_characters_are_stored_not_refused(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let body = br#"{"email": "nul@example.com", "note": "a\u0000b", "submission_id": "k\u0000ey", "utm_source": "x\u0000"}"#;
+    let request = app
+        .client
+        .post(app.url("/v1/leads?source=website"))
+        .insert_header(("Content-Type", "application/json"));
+    let answer = app.send(request, body.to_vec()).await;
+    assert!(answer.status < 300, "{} {}", answer.status, answer.text());
+    let lead = app
+        .lead(answer.json()["submission_id"].as_str().unwrap())
+        .await;
+    assert_eq!(
+        lead["raw"].as_str().unwrap().as_bytes(),
+        body,
+        "raw kept as sent"
     );
 }

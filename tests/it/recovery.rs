@@ -522,10 +522,21 @@ async fn with_neither_database_nor_spool_intake_answers_503_failed() {
     assert_eq!(refused.status, 503, "{}", refused.text());
     assert_eq!(refused.json()["acceptance"], "failed");
     assert_eq!(refused.json()["server_recorded"], false);
-    assert!(
-        service.log().contains("intake_failed"),
-        "the failure is alerted"
-    );
+    wait_until(
+        "the failure to be alerted",
+        Duration::from_secs(10),
+        || async { service.log().contains("intake_failed") },
+    )
+    .await;
+
+    proxy.restore();
+    wait_until("intake to store again", Duration::from_secs(20), || async {
+        app.post_feed_lead(&feed_lead("after-the-outage"))
+            .await
+            .status
+            == 200
+    })
+    .await;
     crate::helpers::close_stores().await;
 }
 
