@@ -48,16 +48,12 @@ impl Store {
         } else {
             LeadState::Invalid
         };
-        let changed = lead::Entity::update_many()
+        let changed = transition(lead_id, &[LeadState::Invalid.as_str()], state.as_str())
             .col_expr(lead::Column::Fields, Expr::value(Value::Object(fields)))
             .col_expr(
                 lead::Column::Errors,
                 Expr::value(serde_json::to_value(errors).unwrap_or_default()),
             )
-            .col_expr(lead::Column::State, Expr::value(state.as_str()))
-            .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
-            .filter(lead::Column::Id.eq(lead_id))
-            .filter(lead::Column::State.eq(LeadState::Invalid.as_str()))
             .exec(&self.db)
             .await?
             .rows_affected;
@@ -78,16 +74,12 @@ impl Store {
             Some(LeadState::Received) if !errors.is_empty() => LeadState::Invalid.as_str(),
             _ => lead.state.as_str(),
         };
-        lead::Entity::update_many()
+        transition(&lead.id, &[lead.state.as_str()], state)
             .col_expr(lead::Column::Fields, Expr::value(Value::Object(fields)))
             .col_expr(
                 lead::Column::Errors,
                 Expr::value(serde_json::to_value(errors).unwrap_or_default()),
             )
-            .col_expr(lead::Column::State, Expr::value(state))
-            .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
-            .filter(lead::Column::Id.eq(lead.id.as_str()))
-            .filter(lead::Column::State.eq(lead.state.as_str()))
             .exec(&self.db)
             .await?;
         Ok(())
@@ -123,19 +115,10 @@ impl Store {
         lead_id: &str,
         include_tried: bool,
     ) -> Result<lead::Model, OperationError> {
-        let changed = lead::Entity::update_many()
-            .col_expr(
-                lead::Column::State,
-                Expr::value(LeadState::Received.as_str()),
-            )
+        let settled = [LeadState::Unsold.as_str(), LeadState::Unknown.as_str()];
+        let changed = transition(lead_id, &settled, LeadState::Received.as_str())
             .col_expr(lead::Column::HistoryFrom, Expr::value(Utc::now()))
             .col_expr(lead::Column::OfferTried, Expr::value(include_tried))
-            .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
-            .filter(lead::Column::Id.eq(lead_id))
-            .filter(
-                lead::Column::State
-                    .is_in([LeadState::Unsold.as_str(), LeadState::Unknown.as_str()]),
-            )
             .exec(&self.db)
             .await?
             .rows_affected;
@@ -160,11 +143,7 @@ impl Store {
         } else {
             LeadState::Unsold
         };
-        let changed = lead::Entity::update_many()
-            .col_expr(lead::Column::State, Expr::value(state.as_str()))
-            .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
-            .filter(lead::Column::Id.eq(lead_id))
-            .filter(lead::Column::State.eq(LeadState::Unknown.as_str()))
+        let changed = transition(lead_id, &[LeadState::Unknown.as_str()], state.as_str())
             .exec(&txn)
             .await?
             .rows_affected;
@@ -223,13 +202,9 @@ impl Store {
         } else {
             LeadState::Unsold
         };
-        let changed = lead::Entity::update_many()
-            .col_expr(lead::Column::State, Expr::value(state.as_str()))
+        let changed = transition(lead_id, &[LeadState::Sold.as_str()], state.as_str())
             .col_expr(lead::Column::HistoryFrom, Expr::value(now))
             .col_expr(lead::Column::OfferTried, Expr::value(false))
-            .col_expr(lead::Column::UpdatedAt, Expr::value(now))
-            .filter(lead::Column::Id.eq(lead_id))
-            .filter(lead::Column::State.eq(LeadState::Sold.as_str()))
             .exec(&txn)
             .await?
             .rows_affected;
@@ -261,15 +236,9 @@ impl Store {
         lease: std::time::Duration,
     ) -> Result<bool, DbErr> {
         let until = Utc::now() + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
-        let held = lead::Entity::update_many()
-            .col_expr(
-                lead::Column::State,
-                Expr::value(LeadState::Routing.as_str()),
-            )
+        let held = transition(lead_id, &[state], LeadState::Routing.as_str())
             .col_expr(lead::Column::LeaseOwner, Expr::value(owner))
             .col_expr(lead::Column::LeaseUntil, Expr::value(until))
-            .filter(lead::Column::Id.eq(lead_id))
-            .filter(lead::Column::State.eq(state))
             .exec(&self.db)
             .await?
             .rows_affected;
@@ -312,6 +281,16 @@ impl Store {
         }
         Ok(row)
     }
+}
+
+/// `UPDATE leads SET state = to WHERE id = lead_id AND state IN from`:
+/// every change here is one, so it wins only from the state it expects.
+fn transition(lead_id: &str, from: &[&str], to: &str) -> sea_orm::UpdateMany<lead::Entity> {
+    lead::Entity::update_many()
+        .col_expr(lead::Column::State, Expr::value(to))
+        .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
+        .filter(lead::Column::Id.eq(lead_id))
+        .filter(lead::Column::State.is_in(from.iter().copied()))
 }
 
 /// A sale row (not returned).
