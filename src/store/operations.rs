@@ -13,6 +13,7 @@ use sea_orm::{
 };
 use serde_json::{Map, Value};
 
+use super::routing::lease_end;
 use super::Store;
 use crate::domain::{new_id, FieldError, LeadState};
 
@@ -235,10 +236,9 @@ impl Store {
         owner: &str,
         lease: std::time::Duration,
     ) -> Result<bool, DbErr> {
-        let until = Utc::now() + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
         let held = transition(lead_id, &[state], LeadState::Routing.as_str())
             .col_expr(lead::Column::LeaseOwner, Expr::value(owner))
-            .col_expr(lead::Column::LeaseUntil, Expr::value(until))
+            .col_expr(lead::Column::LeaseUntil, Expr::value(lease_end(lease)))
             .exec(&self.db)
             .await?
             .rows_affected;

@@ -122,7 +122,7 @@ fn claim_statement(
         .filter(waiting_to_be_routed(now))
 }
 
-fn lease_end(lease: Duration) -> DateTime<Utc> {
+pub(super) fn lease_end(lease: Duration) -> DateTime<Utc> {
     Utc::now() + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX)
 }
 
