@@ -32,6 +32,8 @@ pub enum AlertKind {
     /// A lead went unsold with no rejection: every buyer failed or was skipped
     /// for its circuit or load.
     AllBuyersFailed,
+    /// A lead was set aside for review after repeated routing failures.
+    RoutingFailed,
 }
 
 impl AlertKind {
@@ -43,6 +45,7 @@ impl AlertKind {
             Self::SpoolInUse => "spool_in_use",
             Self::IntakeFailed => "intake_failed",
             Self::AllBuyersFailed => "all_buyers_failed",
+            Self::RoutingFailed => "routing_failed",
         }
     }
 }

@@ -33,6 +33,15 @@ pub struct Model {
     /// Set by a reroute with `include_tried`: buyers posted to before
     /// `history_from` may be offered the lead again.
     pub offer_tried: bool,
+    /// A fresh random value on every claim: renewals, attempt writes and
+    /// the settle of a walk hold only while it is still the lead's token.
+    pub claim_token: Option<String>,
+    /// Routing attempts that failed on our side (not a buyer's answer).
+    pub route_failures: i32,
+    /// Backoff after a routing failure: not claimed before this.
+    pub route_after: Option<DateTimeUtc>,
+    /// Set aside for an operator after too many routing failures.
+    pub set_aside_reason: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

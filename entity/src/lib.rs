@@ -3,7 +3,8 @@
 
 pub mod alert;
 pub mod attempt;
+pub mod cap_use;
 pub mod intake_log;
 pub mod lead;
-pub mod lead_match_key;
+pub mod person_key;
 pub mod sale;

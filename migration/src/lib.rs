@@ -6,6 +6,7 @@ pub use sea_orm_migration::prelude::*;
 mod m20261129_000001_create_store;
 mod m20261129_000002_create_alerts;
 mod m20261129_000003_operations;
+mod m20261201_000004_selling_invariants;
 
 /// Every migration, oldest first.
 pub struct Migrator;
@@ -17,6 +18,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261129_000001_create_store::Migration),
             Box::new(m20261129_000002_create_alerts::Migration),
             Box::new(m20261129_000003_operations::Migration),
+            Box::new(m20261201_000004_selling_invariants::Migration),
         ]
     }
 }

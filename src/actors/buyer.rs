@@ -1,42 +1,44 @@
 //! `Buyer`: one per configured buyer; every call to that buyer goes through
-//! it. It owns the buyer's awc client, its concurrency limit (wait at most
-//! `queue_timeout` for a slot, else `busy`), its circuit breaker, and the
-//! separate ping and post timeouts.
+//! it. It owns the buyer's awc client, its concurrency slots (wait at most
+//! `queue_timeout` for one, else `busy`), its circuit breaker, and the
+//! separate ping and post timeouts; the call itself, recorded as history,
+//! is `buyer::recorded_call`.
 //!
-//! Started by the `Router` (which receives its `CircuitChanged` events).
-//! Handles `OfferLead` (one ping or post, written as an attempt row before
-//! the request is sent and completed after it) and `ForceCircuit`. Calls run
-//! concurrently (the mailbox keeps draining while requests are out). Nothing
-//! durable lives here: after a restart, counters start again from zero and
-//! the attempts already written stay in the database.
+//! Started by the `Router` (under `actix::Supervisor`), which receives its
+//! `ReofferLeads` requests. Handles `OfferLead` (one ping or post),
+//! `ForceCircuit` and `Reconfigure`. Calls run concurrently (the mailbox
+//! keeps draining while requests are out). Nothing durable lives here:
+//! after a restart, slots, probes and counters start again, and the
+//! attempts already written stay in the database for recovery.
 
-use std::collections::VecDeque;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
-use futures_util::future::LocalBoxFuture;
-use futures_util::FutureExt;
-use tokio::sync::oneshot;
 
 use super::supervision::{guarded, RestartLog};
 use crate::alerts::{AlertKind, Alerts};
-use crate::buyer::accept::{number_at, text_at, AcceptCheck};
+use crate::buyer::accept::AcceptCheck;
 use crate::buyer::board::{Board, BuyerStatus};
 use crate::buyer::breaker::{Admission, Breaker, CircuitState};
-use crate::buyer::call::{exchange, Exchange};
 use crate::buyer::latency::Latencies;
+use crate::buyer::recorded_call::{make_call, CallPlan, Offered};
 use crate::buyer::request::{self, LeadOffer, PingResult};
-use crate::buyer::{CallKind, CallOutcome, SkipReason};
+use crate::buyer::slots::Slots;
 use crate::config::BuyerSettings;
+use crate::domain::{AttemptKind, CallKind, CallOutcome, SkipReason};
 use crate::metrics::Metrics;
-use crate::store::{AttemptEnd, NewAttempt, Store};
+use crate::store::{NewAttempt, Store, Written};
 
 /// Idle connections are dropped before common server keep-alives (5 s)
 /// would close them under us: a post on a dead pooled connection would
 /// otherwise look like "sent, no answer".
 const CONNECTION_KEEP_ALIVE: Duration = Duration::from_secs(4);
+/// A half-open probe that has not reported this long after its timeout
+/// (its call was lost) is counted as failed.
+const PROBE_GRACE: Duration = Duration::from_secs(1);
 
 /// Offer a lead to this buyer: one ping or one post.
 #[derive(Message)]
@@ -47,6 +49,8 @@ pub struct OfferLead {
     /// From the accepted ping, for a post.
     pub ping: PingResult,
     pub instance_id: Arc<str>,
+    /// The claim the lead is held under; the call is made only while it holds.
+    pub claim_token: String,
     /// An operator's retry: the attempt replayed, with the settings its
     /// snapshot froze (used instead of the buyer's current ones).
     pub retry: Option<Retry>,
@@ -58,28 +62,6 @@ pub struct Retry {
     pub settings: Arc<BuyerSettings>,
 }
 
-/// What became of an offer.
-#[derive(Debug, Clone)]
-pub enum Offered {
-    Skipped(SkipReason),
-    Called(CallReport),
-    /// The attempt row could not be written, so nothing was sent.
-    NotRecorded,
-    /// The buyer actor crashed during the call (it is being restarted);
-    /// the attempt row, if written, stays `in_flight` for recovery.
-    Crashed,
-}
-
-#[derive(Debug, Clone)]
-pub struct CallReport {
-    pub attempt_id: String,
-    pub outcome: CallOutcome,
-    pub bid: Option<f64>,
-    pub ping_id: Option<String>,
-    pub price: Option<f64>,
-    pub took: Duration,
-}
-
 /// An operator's circuit override.
 #[derive(Message)]
 #[rtype(result = "BuyerStatus")]
@@ -87,13 +69,23 @@ pub struct ForceCircuit {
     pub state: CircuitState,
 }
 
-/// Sent to the router when this buyer's circuit changes state.
+/// Sent to the router: offer this buyer again the unsold leads it failed
+/// or was skipped for (circuit, load) before `failed_before`, all of them
+/// or at most `limit` (probes).
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
-pub struct CircuitChanged {
+pub struct ReofferLeads {
     pub buyer_id: String,
-    pub state: CircuitState,
-    pub half_open_probes: u32,
+    pub failed_before: DateTime<Utc>,
+    pub limit: Option<u64>,
+}
+
+/// A reload changed this buyer: new attempts use `settings`. The breaker
+/// keeps its state unless the circuit settings changed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Reconfigure {
+    pub settings: Arc<BuyerSettings>,
 }
 
 pub struct Buyer {
@@ -105,13 +97,17 @@ pub struct Buyer {
     client: Option<awc::Client>,
     breaker: Breaker,
     circuit_changed_at: DateTime<Utc>,
-    in_flight: u32,
+    slots: Slots,
+    /// Half-open probes not yet reported (each also has a deadline).
+    open_probes: HashSet<u64>,
+    next_probe: u64,
+    /// Whether the buyer answered since we last saw it fail (or since the
+    /// actor started): when it answers again, its failed leads are offered again.
+    answering: bool,
     latencies: Latencies,
-    /// Offers waiting for a slot, oldest first.
-    waiting: VecDeque<oneshot::Sender<()>>,
     store: Store,
     board: Board,
-    router: Recipient<CircuitChanged>,
+    router: Recipient<ReofferLeads>,
     restarts: RestartLog,
     alerts: Alerts,
     metrics: Metrics,
@@ -125,7 +121,7 @@ pub struct BuyerEnvironment {
     pub pii_fields: Arc<Vec<String>>,
     pub store: Store,
     pub board: Board,
-    pub router: Recipient<CircuitChanged>,
+    pub router: Recipient<ReofferLeads>,
     pub restarts: RestartLog,
     pub alerts: Alerts,
     pub metrics: Metrics,
@@ -150,9 +146,11 @@ impl Buyer {
             pii_fields,
             client: None,
             circuit_changed_at: Utc::now(),
-            in_flight: 0,
+            slots: Slots::default(),
+            open_probes: HashSet::new(),
+            next_probe: 0,
+            answering: false,
             latencies: Latencies::default(),
-            waiting: VecDeque::new(),
             store,
             board,
             router,
@@ -175,40 +173,11 @@ impl Buyer {
             circuit: self.breaker.state(),
             circuit_changed_at: self.circuit_changed_at,
             consecutive_failures: self.breaker.consecutive_failures(),
-            in_flight: self.in_flight,
+            in_flight: self.slots.in_flight(),
             max_concurrency: self.settings.max_concurrency,
             ping_latency: self.latencies.percentiles(CallKind::Ping),
             post_latency: self.latencies.percentiles(CallKind::Post),
         }
-    }
-
-    /// A slot now, or a wait of at most `queue_timeout` for one.
-    fn take_slot(&mut self) -> LocalBoxFuture<'static, bool> {
-        if self.in_flight < self.settings.max_concurrency {
-            self.in_flight += 1;
-            self.publish();
-            return FutureExt::boxed_local(futures_util::future::ready(true));
-        }
-        let (handover, slot) = oneshot::channel();
-        self.waiting.push_back(handover);
-        let patience = self.settings.queue_timeout;
-        FutureExt::boxed_local(async move {
-            matches!(
-                actix_web::rt::time::timeout(patience, slot).await,
-                Ok(Ok(()))
-            )
-        })
-    }
-
-    /// Hands the slot to the oldest offer still waiting, or frees it.
-    fn release_slot(&mut self) {
-        while let Some(next) = self.waiting.pop_front() {
-            if next.send(()).is_ok() {
-                return;
-            }
-        }
-        self.in_flight = self.in_flight.saturating_sub(1);
-        self.publish();
     }
 
     /// The settings this offer is made with: a retry's snapshot, else ours.
@@ -219,15 +188,17 @@ impl Buyer {
             .map_or_else(|| self.settings.clone(), |retry| retry.settings.clone())
     }
 
-    fn attempt(&self, offer: &OfferLead, kind: &str) -> NewAttempt {
+    fn attempt(&self, offer: &OfferLead, kind: AttemptKind) -> NewAttempt {
         NewAttempt {
             lead_id: offer.lead.lead_id.clone(),
             buyer_id: self.settings.id.clone(),
-            kind: kind.to_string(),
+            kind,
             request: serde_json::Value::Null,
             snapshot: self.settings_for(offer).snapshot.clone(),
             retry_of: offer.retry.as_ref().map(|retry| retry.of.clone()),
             instance_id: offer.instance_id.to_string(),
+            claim_token: offer.claim_token.clone(),
+            caps: Vec::new(),
         }
     }
 
@@ -235,16 +206,67 @@ impl Buyer {
         self.metrics
             .attempt(&self.settings.id, "skip", reason.as_str());
         let store = self.store.clone();
-        let attempt = self.attempt(offer, "skip");
+        let attempt = self.attempt(offer, AttemptKind::Skip);
         Box::pin(
             async move {
-                if let Err(error) = store.record_skip(attempt, reason.as_str()).await {
-                    tracing::error!(%error, "could not record a skip");
+                match store.record_skip(attempt, reason).await {
+                    Ok(Written::Fenced) => Offered::Fenced,
+                    Ok(_) => Offered::Skipped(reason),
+                    Err(error) => {
+                        tracing::error!(%error, "could not record a skip");
+                        Offered::Skipped(reason)
+                    }
                 }
-                Offered::Skipped(reason)
             }
             .into_actor(self),
         )
+    }
+
+    /// Everything the call needs, from the offer and our settings.
+    fn plan(&self, offer: OfferLead, inject_panic: bool) -> Option<CallPlan> {
+        let client = self.client.clone()?;
+        let settings = self.settings_for(&offer);
+        let request = request::build(
+            offer.kind,
+            &settings,
+            &offer.lead,
+            &offer.ping,
+            &self.pii_fields,
+        );
+        let timeout = call_timeout(&settings, offer.kind);
+        let check = match (&offer.retry, offer.kind) {
+            (Some(_), kind) => accept_check(&settings, kind),
+            (None, CallKind::Ping) => self.ping_check.clone(),
+            (None, CallKind::Post) => self.post_check.clone(),
+        };
+        let mut attempt = self.attempt(&offer, AttemptKind::Call(offer.kind));
+        attempt.request = request.shown.clone();
+        Some(CallPlan {
+            kind: offer.kind,
+            settings,
+            request,
+            timeout,
+            check,
+            attempt,
+            ping: offer.ping,
+            client,
+            inject_panic,
+        })
+    }
+
+    /// A half-open probe gets a deadline: lost (its call never reports),
+    /// it counts as failed, so the circuit cannot stay half-open for good.
+    fn watch_probe(&mut self, timeout: Duration, ctx: &mut Context<Self>) -> u64 {
+        let probe = self.next_probe;
+        self.next_probe += 1;
+        self.open_probes.insert(probe);
+        ctx.run_later(timeout + PROBE_GRACE, move |buyer, ctx| {
+            if buyer.open_probes.remove(&probe) {
+                tracing::warn!(buyer_id = %buyer.settings.id, "a half-open probe never reported: counted as failed");
+                buyer.record_result(Admission::Probe, CallOutcome::Timeout, ctx);
+            }
+        });
+        probe
     }
 
     /// Counts the call in the breaker and acts on a change of state.
@@ -255,10 +277,27 @@ impl Buyer {
         ctx: &mut Context<Self>,
     ) {
         let now = Instant::now();
-        if let Some(state) = self.breaker.record(admission, !outcome.is_failure(), now) {
+        let success = !outcome.is_failure();
+        if let Some(state) = self.breaker.record(admission, success, now) {
             self.circuit_changed(state, ctx);
         }
+        if success && !self.answering {
+            self.reoffer(None);
+        }
+        self.answering = success;
         self.publish();
+    }
+
+    /// Asks the router to offer this buyer its failed leads again.
+    fn reoffer(&self, limit: Option<u64>) {
+        if let Err(error) = self.router.try_send(ReofferLeads {
+            buyer_id: self.settings.id.clone(),
+            failed_before: Utc::now(),
+            limit,
+        }) {
+            // The periodic probe asks again.
+            tracing::warn!(buyer_id = %self.settings.id, %error, "could not ask for the buyer's failed leads to be offered again");
+        }
     }
 
     fn circuit_changed(&mut self, state: CircuitState, ctx: &mut Context<Self>) {
@@ -292,19 +331,15 @@ impl Buyer {
             )),
             CircuitState::HalfOpen => {
                 tracing::info!(buyer_id, "circuit half-open: probing");
+                // Leads it failed are the probes.
+                self.reoffer(Some(u64::from(self.breaker.half_open_probes())));
                 None
             }
         };
         if let Some((kind, message)) = alert {
             let alerts = self.alerts.clone();
-            let buyer = buyer_id.clone();
-            actix::spawn(async move { alerts.raise(kind, Some(&buyer), None, &message).await });
+            actix::spawn(async move { alerts.raise(kind, Some(&buyer_id), None, &message).await });
         }
-        self.router.do_send(CircuitChanged {
-            buyer_id,
-            state,
-            half_open_probes: self.breaker.half_open_probes(),
-        });
     }
 }
 
@@ -330,12 +365,100 @@ fn client_for(settings: &BuyerSettings) -> awc::Client {
         .finish()
 }
 
-/// A reload changed this buyer: new attempts use `settings`. The breaker
-/// keeps its state unless the circuit settings changed.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Reconfigure {
-    pub settings: Arc<BuyerSettings>,
+impl Actor for Buyer {
+    type Context = Context<Self>;
+
+    /// Also after a restart: until the buyer is seen answering, one of the
+    /// leads it failed is offered again now and every `circuit.open_for`,
+    /// so an outage that outlived a crash or a quiet spell still ends in
+    /// its leads being sold.
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(1024);
+        self.client = Some(client_for(&self.settings));
+        self.publish();
+        self.reoffer(Some(1));
+        ctx.run_interval(self.settings.circuit.open_for, |buyer, _ctx| {
+            if !buyer.answering && buyer.breaker.state() != CircuitState::Open {
+                buyer.reoffer(Some(1));
+            }
+        });
+    }
+}
+
+impl Supervised for Buyer {
+    /// The calls in flight were dropped: their slots and probes with them.
+    fn restarting(&mut self, _ctx: &mut Context<Self>) {
+        self.restarts
+            .restarted(&format!("buyer {}", self.settings.id));
+        self.slots.reset();
+        self.breaker.reset_probes();
+        self.open_probes.clear();
+        self.answering = false;
+        self.publish();
+    }
+}
+
+impl Handler<OfferLead> for Buyer {
+    type Result = ResponseActFuture<Self, Offered>;
+
+    /// Skips when the circuit is open or no slot frees in time; otherwise
+    /// makes the recorded call.
+    fn handle(&mut self, offer: OfferLead, ctx: &mut Context<Self>) -> Self::Result {
+        if let Some(state) = self.breaker.tick(Instant::now()) {
+            self.circuit_changed(state, ctx);
+        }
+        if self.breaker.state() == CircuitState::Open {
+            return self.skip(&offer, SkipReason::CircuitOpen);
+        }
+        let waiting = self
+            .slots
+            .take(self.settings.max_concurrency, self.settings.queue_timeout);
+        self.publish();
+        Box::pin(waiting.into_actor(self).then(move |got_slot, buyer, ctx| {
+            if !got_slot {
+                return buyer.skip(&offer, SkipReason::Busy);
+            }
+            let admission = buyer.breaker.admit(Instant::now());
+            if admission == Admission::Refused {
+                buyer.slots.release();
+                return buyer.skip(&offer, SkipReason::CircuitOpen);
+            }
+            let kind = offer.kind;
+            let probe = (admission == Admission::Probe)
+                .then(|| buyer.watch_probe(call_timeout(&buyer.settings_for(&offer), kind), ctx));
+            let inject_panic = buyer.panics_left > 0;
+            buyer.panics_left = buyer.panics_left.saturating_sub(1);
+            let Some(plan) = buyer.plan(offer, inject_panic) else {
+                buyer.slots.release();
+                buyer.breaker.cancel(admission);
+                return Box::pin(actix::fut::ready(Offered::NotRecorded));
+            };
+            let call = make_call(buyer.store.clone(), buyer.metrics.clone(), plan);
+            Box::pin(
+                guarded::<Buyer, _>("buyer", call).map(move |offered, buyer, ctx| {
+                    let Some(offered) = offered else {
+                        // Stopping: `restarting` resets slots and probes.
+                        return Offered::Crashed;
+                    };
+                    buyer.slots.release();
+                    // A probe past its deadline was counted already.
+                    let counted = probe.is_some_and(|probe| !buyer.open_probes.remove(&probe));
+                    match &offered {
+                        Offered::Called(call) | Offered::Sold(call) | Offered::Unrecorded(call) => {
+                            buyer.latencies.record(kind, call.took);
+                            if !counted {
+                                buyer.record_result(admission, call.outcome, ctx);
+                            }
+                        }
+                        _ if !counted => buyer.breaker.cancel(admission),
+                        _ => {}
+                    }
+                    buyer.publish();
+                    offered
+                }),
+            )
+        }))
+    }
 }
 
 impl Handler<Reconfigure> for Buyer {
@@ -348,194 +471,12 @@ impl Handler<Reconfigure> for Buyer {
         self.post_check = accept_check(&settings, CallKind::Post);
         if settings.circuit != self.settings.circuit {
             self.breaker = Breaker::new(settings.circuit.clone());
+            self.open_probes.clear();
             self.circuit_changed_at = Utc::now();
         }
         self.client = Some(client_for(&settings));
         self.settings = settings;
         self.publish();
-    }
-}
-
-impl Actor for Buyer {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.set_mailbox_capacity(1024);
-        self.client = Some(client_for(&self.settings));
-        self.publish();
-    }
-}
-
-impl Supervised for Buyer {
-    fn restarting(&mut self, _ctx: &mut Context<Self>) {
-        self.restarts
-            .restarted(&format!("buyer {}", self.settings.id));
-        self.in_flight = 0;
-        self.waiting.clear();
-        self.publish();
-    }
-}
-
-impl Handler<OfferLead> for Buyer {
-    type Result = ResponseActFuture<Self, Offered>;
-
-    /// Skips when the circuit is open or no slot frees in time; otherwise
-    /// writes the attempt, calls the buyer and completes the attempt.
-    fn handle(&mut self, offer: OfferLead, ctx: &mut Context<Self>) -> Self::Result {
-        if let Some(state) = self.breaker.tick(Instant::now()) {
-            self.circuit_changed(state, ctx);
-        }
-        if self.breaker.state() == CircuitState::Open {
-            return self.skip(&offer, SkipReason::CircuitOpen);
-        }
-        Box::pin(
-            self.take_slot()
-                .into_actor(self)
-                .then(move |got_slot, buyer, _ctx| {
-                    if !got_slot {
-                        return buyer.skip(&offer, SkipReason::Busy);
-                    }
-                    let admission = buyer.breaker.admit(Instant::now());
-                    if admission == Admission::Refused {
-                        buyer.release_slot();
-                        return buyer.skip(&offer, SkipReason::CircuitOpen);
-                    }
-                    let inject_panic = buyer.panics_left > 0;
-                    buyer.panics_left = buyer.panics_left.saturating_sub(1);
-                    let kind = offer.kind;
-                    let call = buyer.call(offer, inject_panic);
-                    Box::pin(
-                        guarded::<Buyer, _>("buyer", call).map(move |report, buyer, ctx| {
-                            let Some(report) = report else {
-                                // Stopping: `restarting` resets slots and counters.
-                                return Offered::Crashed;
-                            };
-                            buyer.release_slot();
-                            match &report {
-                                Offered::Called(call) => {
-                                    buyer.latencies.record(kind, call.took);
-                                    buyer.record_result(admission, call.outcome, ctx)
-                                }
-                                _ => buyer.breaker.cancel(admission),
-                            }
-                            report
-                        }),
-                    )
-                }),
-        )
-    }
-}
-
-impl Buyer {
-    /// The call itself: attempt row first, then the request, then the row's end.
-    /// `inject_panic`: fault injection for supervision tests.
-    fn call(&self, offer: OfferLead, inject_panic: bool) -> LocalBoxFuture<'static, Offered> {
-        let Some(client) = self.client.clone() else {
-            return FutureExt::boxed_local(futures_util::future::ready(Offered::NotRecorded));
-        };
-        let settings = self.settings_for(&offer);
-        let request = request::build(
-            offer.kind,
-            &settings,
-            &offer.lead,
-            &offer.ping,
-            &self.pii_fields,
-        );
-        let (mut check, timeout) = match offer.kind {
-            CallKind::Ping => (
-                self.ping_check.clone(),
-                settings
-                    .ping
-                    .as_ref()
-                    .map_or(settings.post.timeout, |ping| ping.timeout),
-            ),
-            CallKind::Post => (self.post_check.clone(), settings.post.timeout),
-        };
-        if offer.retry.is_some() {
-            check = accept_check(&settings, offer.kind);
-        }
-        let mut attempt = self.attempt(&offer, offer.kind.as_str());
-        attempt.request = request.shown.clone();
-        let (store, metrics) = (self.store.clone(), self.metrics.clone());
-        async move {
-            let lead_id = attempt.lead_id.clone();
-            let attempt_id = match store.begin_attempt(attempt).await {
-                Ok(id) => id,
-                Err(error) => {
-                    tracing::error!(%error, %lead_id, buyer_id = %settings.id, "attempt not recorded; not calling");
-                    return Offered::NotRecorded;
-                }
-            };
-            if inject_panic {
-                panic!("injected fault: buyer {} panics during a call", settings.id);
-            }
-            let span = tracing::info_span!("attempt", %lead_id, buyer_id = %settings.id, kind = offer.kind.as_str(), %attempt_id);
-            let outcome = exchange(&client, offer.kind, &request, timeout, &check).await;
-            metrics.attempt(&settings.id, offer.kind.as_str(), outcome.outcome.as_str());
-            let report = report_of(&settings, offer.kind, attempt_id, &outcome);
-            span.in_scope(|| {
-                tracing::info!(
-                    outcome = outcome.outcome.as_str(),
-                    status = outcome.http_status,
-                    latency_ms = outcome.duration.as_millis() as u64,
-                    detail = outcome.detail.as_deref(),
-                    "buyer answered"
-                )
-            });
-            let end = AttemptEnd {
-                outcome: outcome.outcome.as_str().into(),
-                reason: outcome.detail.clone(),
-                http_status: outcome.http_status,
-                duration: outcome.duration,
-                response_body: outcome.body.clone(),
-                bid: report.bid,
-                ping_id: report.ping_id.clone(),
-            };
-            if let Err(error) = store.finish_attempt(&report.attempt_id, end).await {
-                tracing::error!(%error, %lead_id, "could not complete the attempt row");
-            }
-            Offered::Called(report)
-        }
-        .boxed_local()
-    }
-}
-
-/// The accept rule of a buyer's ping or post, compiled.
-fn accept_check(settings: &BuyerSettings, kind: CallKind) -> AcceptCheck {
-    AcceptCheck::compile(match kind {
-        CallKind::Ping => settings.ping.as_ref().and_then(|ping| ping.accept.as_ref()),
-        CallKind::Post => settings.post.accept.as_ref(),
-    })
-}
-
-fn report_of(
-    settings: &BuyerSettings,
-    kind: CallKind,
-    attempt_id: String,
-    outcome: &Exchange,
-) -> CallReport {
-    let body = outcome.body.as_deref().unwrap_or_default();
-    let accepted = outcome.outcome == CallOutcome::Accepted;
-    let (bid, ping_id, price) = match (kind, &settings.ping) {
-        (CallKind::Ping, Some(ping)) if accepted => (
-            number_at(body, ping.bid_path.as_deref()),
-            text_at(body, ping.ping_id_path.as_deref()),
-            None,
-        ),
-        (CallKind::Post, _) if accepted => (
-            None,
-            None,
-            number_at(body, settings.post.price_path.as_deref()),
-        ),
-        _ => (None, None, None),
-    };
-    CallReport {
-        attempt_id,
-        outcome: outcome.outcome,
-        bid,
-        ping_id,
-        price,
-        took: outcome.duration,
     }
 }
 
@@ -548,5 +489,24 @@ impl Handler<ForceCircuit> for Buyer {
             self.circuit_changed(state, ctx);
         }
         MessageResult(self.status())
+    }
+}
+
+/// The accept rule of a buyer's ping or post, compiled.
+fn accept_check(settings: &BuyerSettings, kind: CallKind) -> AcceptCheck {
+    AcceptCheck::compile(match kind {
+        CallKind::Ping => settings.ping.as_ref().and_then(|ping| ping.accept.as_ref()),
+        CallKind::Post => settings.post.accept.as_ref(),
+    })
+}
+
+/// The separate ping and post timeouts.
+fn call_timeout(settings: &BuyerSettings, kind: CallKind) -> Duration {
+    match kind {
+        CallKind::Ping => settings
+            .ping
+            .as_ref()
+            .map_or(settings.post.timeout, |ping| ping.timeout),
+        CallKind::Post => settings.post.timeout,
     }
 }

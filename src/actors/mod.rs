@@ -15,6 +15,7 @@ pub mod directory;
 mod drainer;
 mod intake;
 mod overseer;
+pub mod retry;
 pub mod router;
 pub mod supervision;
 pub mod waterfall;

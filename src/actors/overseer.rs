@@ -24,7 +24,7 @@ use crate::buyer::board::Board;
 use crate::config::Settings;
 use crate::metrics::Metrics;
 use crate::spool::Spool;
-use crate::store::{DuplicateRule, Store};
+use crate::store::{DuplicateRule, FailurePolicy, Store};
 
 /// Addresses of the running actors, for the HTTP handlers.
 #[derive(Clone)]
@@ -77,6 +77,10 @@ impl Overseer {
             instance_id: instance_id.clone(),
             draining: draining.clone(),
             alerts: alerts.clone(),
+            failures: FailurePolicy {
+                limit: settings.routing.failure_limit.max(1),
+                backoff: settings.routing.failure_backoff,
+            },
         };
 
         let directory = BuyerDirectory::default();

@@ -3,19 +3,23 @@
 //! waterfalls, and its sweep (every `routing.sweep_interval`, and at start)
 //! picks up leads in `received` and leads whose lease ran out.
 //!
-//! Started by the `Overseer`; it starts the `Buyer` actors. Handles
-//! `RouteLeads` (from intake), `WaterfallFinished`, and `CircuitChanged`
-//! (from buyers): when a circuit half-opens or closes, unsold leads that
-//! buyer skipped (circuit open, busy) or failed with an error, within a day
-//! of arrival, are put back to be routed. A waterfall that ends without a
-//! final state (an error, a crashed buyer actor) has its lead released at
-//! once, for the next sweep. While routing, it renews the leases of its
-//! leads every third of `routing.lease`. `Drain` (graceful shutdown) stops
-//! new routing, waits for the waterfalls, and releases what is still held.
-//! A restart loses nothing: the next sweep finds every waiting lead in the
-//! database.
+//! Started by the `Overseer`; it starts the `Buyer` actors (the overseer's
+//! closure does, once). Handles `RouteLeads` (from intake),
+//! `WaterfallFinished`, `RetryAttempt` (an operator's retry, held and
+//! settled here like a walk), and `ReofferLeads` (from buyers): when a
+//! buyer answers again (or half-opens, or is probed after a start), the
+//! unsold leads it failed or was skipped for (circuit open, busy), within
+//! a day of arrival, are put back to be routed, all of them page by page.
+//! Every claim carries a token; a walk's writes and its settle hold only
+//! while the token is the lead's. A walk that failed on our side has its
+//! lead let go with a backoff, and set aside for an operator (with an
+//! alert) after `routing.failure_limit` failures, so it never starves the
+//! others. While routing, it renews the leases of its leads every third of
+//! `routing.lease`. `Drain` (graceful shutdown) stops new routing, waits
+//! for the waterfalls, and releases what is still held. A restart loses
+//! nothing: the next sweep finds every waiting lead in the database.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,21 +27,20 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use super::buyer::{start_buyer, BuyerEnvironment, CircuitChanged, Reconfigure};
+use super::buyer::{start_buyer, BuyerEnvironment, Reconfigure, ReofferLeads};
 use super::directory::BuyerHandle;
+use super::retry::{self, RetryAttempt, RetryError};
 use super::supervision::{guarded, RestartLog};
-use super::waterfall::{RoutingContext, Waterfall, WaterfallFinished};
-use crate::buyer::breaker::CircuitState;
+use super::waterfall::{RoutingContext, WalkEnd, Waterfall, WaterfallFinished};
+use crate::alerts::AlertKind;
 use crate::config::BuyerSettings;
 use crate::domain::LeadState;
+use crate::store::{Claimed, HeldLead, LeadEnd};
 
 /// Waterfalls running at once in one instance.
 const MAX_ACTIVE_WATERFALLS: usize = 256;
 /// Unsold leads are offered again to a recovered buyer within this time of arrival.
 const REROUTE_WITHIN: chrono::Duration = chrono::Duration::days(1);
-/// At most this many leads are put back per circuit close; later closes
-/// and sweeps pick up the rest.
-const REQUEUE_PER_CLOSE: u64 = 10_000;
 
 /// Route these freshly stored leads.
 #[derive(Message)]
@@ -69,7 +72,8 @@ pub struct Router {
     restarts: RestartLog,
     /// For buyers a reload adds.
     environment: BuyerEnvironment,
-    active: HashSet<String>,
+    /// Leads held now (walks and retries), with their claim tokens.
+    active: HashMap<String, String>,
     /// Leads a claim by id is being made for.
     claiming: HashSet<String>,
     /// More leads wait in the database than were started.
@@ -77,9 +81,12 @@ pub struct Router {
     sweeping: bool,
     /// A sweep was asked for while one ran: run another when it ends.
     sweep_again: bool,
-    /// Final states waiting to be written, in groups (one write at a time).
-    to_settle: Vec<(String, LeadState)>,
+    /// Leads waiting to be let go, written in groups (one write at a time).
+    to_settle: Vec<HeldLead>,
     settling: bool,
+    /// Buyers whose failed leads are being put back; a request arriving
+    /// meanwhile waits here and runs after.
+    reoffering: HashMap<String, Option<ReofferLeads>>,
     /// Told when the last waterfall ends while draining.
     drained: Vec<oneshot::Sender<()>>,
 }
@@ -96,13 +103,14 @@ impl Router {
             sweep_interval,
             restarts,
             environment,
-            active: HashSet::new(),
+            active: HashMap::new(),
             claiming: HashSet::new(),
             backlog: false,
             sweeping: false,
             sweep_again: false,
             to_settle: Vec::new(),
             settling: false,
+            reoffering: HashMap::new(),
             drained: Vec::new(),
         }
     }
@@ -120,7 +128,7 @@ impl Router {
         let room = self.room();
         let fresh: Vec<String> = lead_ids
             .into_iter()
-            .filter(|id| !self.active.contains(id) && !self.claiming.contains(id))
+            .filter(|id| !self.active.contains_key(id) && !self.claiming.contains(id))
             .collect();
         if fresh.len() > room {
             self.backlog = true;
@@ -143,7 +151,7 @@ impl Router {
             .map(|(wanted, claimed), router, ctx| {
                 let claimed = claimed.unwrap_or_else(|error| {
                     tracing::error!(%error, "could not claim leads; the sweep will try again");
-                    Vec::new()
+                    Claimed::default()
                 });
                 for lead_id in &wanted {
                     router.claiming.remove(lead_id);
@@ -162,11 +170,14 @@ impl Router {
     /// Starts a waterfall for each lead we now hold, unless one runs for it.
     /// (A sweep may claim a lead that a claim by id still waits for; that
     /// one then finds it taken and leaves it to the sweep.)
-    fn start_waterfalls(&mut self, claimed: Vec<String>, ctx: &mut Context<Self>) {
-        for lead_id in claimed {
-            if self.active.insert(lead_id.clone()) {
-                Waterfall::new(lead_id, self.routing.clone(), ctx.address().recipient()).start();
+    fn start_waterfalls(&mut self, claimed: Claimed, ctx: &mut Context<Self>) {
+        for lead_id in claimed.lead_ids {
+            if self.active.contains_key(&lead_id) {
+                continue;
             }
+            self.active.insert(lead_id.clone(), claimed.token.clone());
+            let router = ctx.address().recipient();
+            Waterfall::new(lead_id, claimed.token.clone(), self.routing.clone(), router).start();
         }
     }
 
@@ -198,9 +209,9 @@ impl Router {
             .map(move |claimed, router, ctx| {
                 router.sweeping = false;
                 match claimed {
-                    Some(Ok(ids)) => {
-                        router.backlog |= ids.len() as u64 == room;
-                        router.start_waterfalls(ids, ctx);
+                    Some(Ok(claimed)) => {
+                        router.backlog |= claimed.lead_ids.len() as u64 == room;
+                        router.start_waterfalls(claimed, ctx);
                     }
                     Some(Err(error)) => {
                         tracing::error!(%error, "sweep could not claim waiting leads")
@@ -219,17 +230,15 @@ impl Router {
         if self.active.is_empty() {
             return;
         }
-        let held: Vec<String> = self.active.iter().cloned().collect();
+        let tokens: HashSet<&String> = self.active.values().collect();
+        let tokens: Vec<String> = tokens.into_iter().cloned().collect();
+        let held = self.active.len();
         let routing = self.routing.clone();
         ctx.spawn(actix::fut::wrap_future(async move {
-            match routing
-                .store
-                .renew_leases(&held, &routing.instance_id, routing.lease)
-                .await
-            {
-                Ok(renewed) if renewed < held.len() as u64 => tracing::debug!(
+            match routing.store.renew_leases(&tokens, routing.lease).await {
+                Ok(renewed) if renewed < held as u64 => tracing::debug!(
                     renewed,
-                    routing = held.len(),
+                    routing = held,
                     "some leads finished or were taken over before their lease was renewed"
                 ),
                 Ok(_) => {}
@@ -265,12 +274,27 @@ impl Router {
         let batch = std::mem::take(&mut self.to_settle);
         let routing = self.routing.clone();
         ctx.spawn(
-            async move { (routing.store.settle_leads(&routing.instance_id, &batch).await, batch.len()) }
+            async move {
+                let written = routing.store.settle_leads(&batch, routing.failures).await;
+                if let Ok((_, set_aside)) = &written {
+                    for lead_id in set_aside {
+                        let message = format!(
+                            "lead {lead_id} set aside for review after {} routing failures",
+                            routing.failures.limit
+                        );
+                        routing
+                            .alerts
+                            .raise(AlertKind::RoutingFailed, None, Some(lead_id), &message)
+                            .await;
+                    }
+                }
+                (written, batch.len())
+            }
                 .into_actor(self)
                 .map(|(written, wanted), router, ctx| {
                     router.settling = false;
                     match written {
-                        Ok(count) if count as usize != wanted => {
+                        Ok((count, _)) if count as usize != wanted => {
                             tracing::warn!(wanted, count, "some leads were taken over before they were settled")
                         }
                         Ok(_) => {}
@@ -322,12 +346,17 @@ impl Handler<RouteLeads> for Router {
 impl Handler<WaterfallFinished> for Router {
     type Result = ();
 
-    /// Writes the final state; a waterfall that reached none (an error, a
-    /// crashed buyer, shutdown) has its lead released to `received`.
+    /// Lets the lead go as the walk said (nothing to write when a sale
+    /// settled it or its claim was taken over).
     fn handle(&mut self, message: WaterfallFinished, ctx: &mut Context<Self>) {
-        self.active.remove(&message.lead_id);
-        let state = message.state.unwrap_or(LeadState::Received);
-        self.to_settle.push((message.lead_id, state));
+        let token = self.active.remove(&message.lead_id);
+        if let (Some(token), WalkEnd::LetGo(end)) = (token, message.end) {
+            self.to_settle.push(HeldLead {
+                lead_id: message.lead_id,
+                token,
+                end,
+            });
+        }
         self.settle(ctx);
         if self.backlog {
             self.sweep(ctx);
@@ -336,40 +365,105 @@ impl Handler<WaterfallFinished> for Router {
     }
 }
 
-impl Handler<CircuitChanged> for Router {
-    type Result = ();
-
-    /// Half-open: put back as many leads as there are probes. Closed: put
-    /// back the buyer's skipped and failed leads. Then sweep them up.
-    fn handle(&mut self, message: CircuitChanged, ctx: &mut Context<Self>) {
-        let limit = match message.state {
-            CircuitState::HalfOpen => u64::from(message.half_open_probes),
-            CircuitState::Closed => REQUEUE_PER_CLOSE,
-            CircuitState::Open => return,
-        };
+impl Router {
+    /// Puts back the buyer's failed leads, one request per buyer at a time
+    /// (a request arriving meanwhile runs after it), then sweeps them up.
+    fn reoffer(&mut self, request: ReofferLeads, ctx: &mut Context<Self>) {
         if self.draining() {
             return;
         }
+        if let Some(waiting) = self.reoffering.get_mut(&request.buyer_id) {
+            *waiting = Some(merged(waiting.take(), request));
+            return;
+        }
+        self.reoffering.insert(request.buyer_id.clone(), None);
         let store = self.routing.store.clone();
         let since = chrono::Utc::now() - REROUTE_WITHIN;
-        let buyer_id = message.buyer_id;
         ctx.spawn(
             async move {
-                (
-                    store.requeue_unsold_for(&buyer_id, since, limit).await,
-                    buyer_id,
-                )
+                let requeued = store
+                    .requeue_for_buyer(
+                        &request.buyer_id,
+                        since,
+                        request.failed_before,
+                        request.limit,
+                    )
+                    .await;
+                (requeued, request.buyer_id)
             }
             .into_actor(self)
-            .map(|(requeued, buyer_id), router, ctx| match requeued {
-                Ok(0) => {}
-                Ok(count) => {
-                    tracing::info!(%buyer_id, count, "leads put back for a recovered buyer");
-                    router.sweep(ctx);
+            .map(|(requeued, buyer_id), router, ctx| {
+                match requeued {
+                    Ok(0) => {}
+                    Ok(count) => {
+                        tracing::info!(%buyer_id, count, "leads put back for a buyer answering again");
+                        router.sweep(ctx);
+                    }
+                    Err(error) => tracing::error!(%error, %buyer_id, "could not put leads back"),
                 }
-                Err(error) => tracing::error!(%error, %buyer_id, "could not put leads back"),
+                if let Some(Some(next)) = router.reoffering.remove(&buyer_id) {
+                    router.reoffer(next, ctx);
+                }
             }),
         );
+    }
+}
+
+/// Two waiting requests for one buyer as one: the later moment, and all
+/// leads if either wanted all.
+fn merged(waiting: Option<ReofferLeads>, request: ReofferLeads) -> ReofferLeads {
+    match waiting {
+        None => request,
+        Some(earlier) => ReofferLeads {
+            failed_before: earlier.failed_before.max(request.failed_before),
+            limit: earlier.limit.zip(request.limit).map(|(a, b)| a.max(b)),
+            ..request
+        },
+    }
+}
+
+impl Handler<ReofferLeads> for Router {
+    type Result = ();
+
+    fn handle(&mut self, message: ReofferLeads, ctx: &mut Context<Self>) {
+        self.reoffer(message, ctx);
+    }
+}
+
+impl Handler<RetryAttempt> for Router {
+    type Result = ResponseActFuture<Self, Result<entity::attempt::Model, RetryError>>;
+
+    /// Holds the lead under a claim (renewed like a walk's), makes the
+    /// call through the buyer's actor, settles, and answers the new
+    /// attempt. A caller that goes away changes nothing.
+    fn handle(&mut self, message: RetryAttempt, _ctx: &mut Context<Self>) -> Self::Result {
+        let routing = self.routing.clone();
+        Box::pin(
+            async move { retry::hold(&routing, &message.attempt_id).await }
+                .into_actor(self)
+                .then(|held, router, _ctx| {
+                    let routing = router.routing.clone();
+                    let held = match held {
+                        Ok(held) => held,
+                        Err(error) => {
+                            return Box::pin(actix::fut::ready(Err(error)))
+                                as ResponseActFuture<Self, _>;
+                        }
+                    };
+                    let lead_id = held.lead_id().to_string();
+                    router
+                        .active
+                        .insert(lead_id.clone(), held.token().to_string());
+                    Box::pin(
+                        async move { retry::replay(&routing, held).await }
+                            .into_actor(router)
+                            .map(move |result, router, _ctx| {
+                                router.active.remove(&lead_id);
+                                result
+                            }),
+                    )
+                }),
+        )
     }
 }
 
@@ -395,14 +489,18 @@ impl Handler<Drain> for Router {
             .into_actor(self)
             .then(|(), router, _ctx| {
                 let mut held = std::mem::take(&mut router.to_settle);
-                held.extend(router.active.drain().map(|id| (id, LeadState::Received)));
+                held.extend(router.active.drain().map(|(lead_id, token)| HeldLead {
+                    lead_id,
+                    token,
+                    end: LeadEnd::State(LeadState::Received),
+                }));
                 let routing = router.routing.clone();
                 async move {
                     if held.is_empty() {
                         return;
                     }
-                    match routing.store.settle_leads(&routing.instance_id, &held).await {
-                        Ok(count) => tracing::info!(count, "leases released at shutdown"),
+                    match routing.store.settle_leads(&held, routing.failures).await {
+                        Ok((count, _)) => tracing::info!(count, "leases released at shutdown"),
                         Err(error) => tracing::error!(%error, "could not release leases at shutdown; they run out instead"),
                     }
                 }

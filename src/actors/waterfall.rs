@@ -1,14 +1,17 @@
 //! `Waterfall`: routes one lead. Started by the `Router` for a lead it has
-//! claimed (lease); it walks the eligible buyers by priority (ping, then post) and
-//! stops at the first accepted post, a post timeout, or the end of the
-//! list; then it hands the final state to the router (which writes
-//! settles in groups) and stops. It holds nothing that is not in
-//! the database: a waterfall that dies leaves a lease that runs out, and
-//! the router's sweep starts the lead again (already-rejected buyers and
-//! already-posted buyers are not offered it twice). A lead picked up again
-//! first has its interrupted calls settled: an `in_flight` post becomes a
-//! timeout (lead `unknown`, never re-sent), an `in_flight` ping an error
-//! (the walk goes on).
+//! claimed (lease + claim token); it walks the eligible buyers by priority
+//! (ping, then post) and stops at the first accepted post (whose sale the
+//! buyer actor commits together with the answer), a post timeout, an
+//! answer that could not be recorded, or the end of the list; then it
+//! tells the router how to let the lead go and stops. It holds nothing
+//! that is not in the database: every row it makes is written only while
+//! its claim token is the lead's, so a walk whose claim was taken over
+//! stops before its next call. A lead picked up again first has its
+//! interrupted calls settled (an `in_flight` post becomes a timeout: lead
+//! `unknown`, never re-sent; a ping an error: the walk goes on), and a
+//! history that already decides it (an accepted post: sold, with its sale
+//! written now if its commit had failed; an unanswered post: unknown)
+//! ends the walk before any call.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,19 +19,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use chrono::{DateTime, Datelike, Timelike, Utc};
+use chrono::Utc;
 use entity::{attempt, lead};
 use serde_json::Value;
 
-use super::buyer::{OfferLead, Offered};
+use super::buyer::OfferLead;
 use super::directory::BuyerDirectory;
 use super::supervision::guarded;
 use crate::alerts::{AlertKind, Alerts};
+use crate::buyer::recorded_call::{sale_price, Offered};
 use crate::buyer::request::{LeadOffer, PingResult};
-use crate::buyer::{CallKind, CallOutcome, SkipReason};
-use crate::config::BuyerSettings;
-use crate::domain::LeadState;
-use crate::store::{NewAttempt, Store};
+use crate::config::{buyer_from_snapshot, BuyerSettings};
+use crate::domain::{AttemptKind, AttemptOutcome, CallKind, CallOutcome, LeadState, SkipReason};
+use crate::store::{
+    is_unreachable, CapSlot, FailurePolicy, LeadEnd, NewAttempt, SaleOf, Store, Written,
+};
 
 /// Everything a waterfall needs, shared by all of them.
 pub struct RoutingContext {
@@ -40,35 +45,50 @@ pub struct RoutingContext {
     /// Set at shutdown: waterfalls stop before their next buyer.
     pub draining: Arc<AtomicBool>,
     pub alerts: Alerts,
+    /// Routing failures (ours, not a buyer's answer) a lead may have.
+    pub failures: FailurePolicy,
 }
 
-/// Sent to the router when a waterfall ends; `state` is the lead's final
-/// state to write, if it reached one.
+/// Sent to the router when a waterfall ends.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct WaterfallFinished {
     pub lead_id: String,
-    pub state: Option<LeadState>,
+    pub end: WalkEnd,
+}
+
+/// How a walk let its lead go.
+#[derive(Debug, Clone)]
+pub enum WalkEnd {
+    /// The router writes this (final states in groups, failures with backoff).
+    LetGo(LeadEnd),
+    /// Already written: a sale commits the lead's `sold` with it.
+    Settled,
+    /// The claim is gone (another instance holds the lead): nothing to write.
+    Lost,
 }
 
 pub struct Waterfall {
     lead_id: String,
+    claim_token: String,
     routing: Arc<RoutingContext>,
     router: Recipient<WaterfallFinished>,
-    outcome: Option<LeadState>,
+    end: Option<WalkEnd>,
 }
 
 impl Waterfall {
     pub fn new(
         lead_id: String,
+        claim_token: String,
         routing: Arc<RoutingContext>,
         router: Recipient<WaterfallFinished>,
     ) -> Self {
         Self {
             lead_id,
+            claim_token,
             routing,
             router,
-            outcome: None,
+            end: None,
         }
     }
 }
@@ -78,38 +98,32 @@ impl Actor for Waterfall {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let routing = self.routing.clone();
-        let lead_id = self.lead_id.clone();
+        let (lead_id, token) = (self.lead_id.clone(), self.claim_token.clone());
         ctx.spawn(
             guarded::<Self, _>("waterfall", async move {
-                match route(&routing, &lead_id).await {
-                    Ok(Some(state)) => {
-                        tracing::info!(%lead_id, state = state.as_str(), "lead routed");
-                        Some(state)
-                    }
-                    Ok(None) => {
-                        tracing::warn!(%lead_id, "claimed lead not found");
-                        None
-                    }
-                    Err(RouteError::ShuttingDown) => None,
-                    Err(error) => {
-                        tracing::error!(%lead_id, %error, "routing stopped; the lead is released and routed again");
-                        None
-                    }
-                }
+                let span = tracing::info_span!("lead", %lead_id);
+                let end = route(&routing, &lead_id, &token).await;
+                span.in_scope(|| tracing::info!(end = ?end, "walk ended"));
+                end
             })
-            .map(|outcome, waterfall, ctx| {
-                waterfall.outcome = outcome.flatten();
+            .map(|end, waterfall, ctx| {
+                waterfall.end = end;
                 ctx.stop()
             }),
         );
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
-        // Should this message be lost, the lease runs out and the sweep
-        // routes the lead again; `settled_by_history` then finishes it.
+        // A panicked walk is a routing failure like any other. Should this
+        // message be lost, the lease runs out and the sweep routes the
+        // lead again; its history then decides what is left to do.
+        let end = self.end.take().unwrap_or(WalkEnd::LetGo(LeadEnd::Failed {
+            reason: "the waterfall panicked".into(),
+            failures_before: 0,
+        }));
         self.router.do_send(WaterfallFinished {
             lead_id: self.lead_id.clone(),
-            state: self.outcome,
+            end,
         });
     }
 }
@@ -122,35 +136,89 @@ enum RouteError {
     Mailbox(#[from] MailboxError),
     #[error("an attempt could not be recorded, so no call was made")]
     NotRecorded,
-    #[error("the lease was lost to another instance")]
-    LeaseLost,
+    #[error("a buyer's answer could not be recorded: nothing more is sent for this lead")]
+    AnswerNotRecorded,
+    #[error("the claim was taken over")]
+    ClaimLost,
     #[error("the buyer actor crashed during the call")]
     BuyerCrashed,
     #[error("shutting down")]
     ShuttingDown,
 }
 
-/// Routes a lead the router claimed for us; `None` when it vanished.
-async fn route(routing: &RoutingContext, lead_id: &str) -> Result<Option<LeadState>, RouteError> {
-    let store = &routing.store;
-    let Some(row) = store.find_lead(lead_id).await? else {
-        return Ok(None);
+impl RouteError {
+    /// How the lead is let go after this error.
+    fn end(self, failures_before: u32) -> WalkEnd {
+        match self {
+            Self::ClaimLost => WalkEnd::Lost,
+            // Not the lead's fault: routed again at once.
+            Self::ShuttingDown => WalkEnd::LetGo(LeadEnd::State(LeadState::Received)),
+            Self::Database(ref error) if is_unreachable(error) => {
+                tracing::warn!(%self, "routing stopped; the lead is routed again");
+                WalkEnd::LetGo(LeadEnd::State(LeadState::Received))
+            }
+            error => {
+                tracing::error!(%error, "routing failed; the lead is routed again after a backoff");
+                WalkEnd::LetGo(LeadEnd::Failed {
+                    reason: error.to_string(),
+                    failures_before,
+                })
+            }
+        }
+    }
+
+    /// The offers that stop a walk.
+    fn of(offered: &Offered) -> Option<Self> {
+        match offered {
+            Offered::Unrecorded(_) => Some(Self::AnswerNotRecorded),
+            Offered::NotRecorded => Some(Self::NotRecorded),
+            Offered::Fenced => Some(Self::ClaimLost),
+            Offered::Crashed => Some(Self::BuyerCrashed),
+            Offered::Called(_) | Offered::Sold(_) | Offered::Skipped(_) => None,
+        }
+    }
+}
+
+/// Routes a lead the router claimed for us under `token`.
+async fn route(routing: &RoutingContext, lead_id: &str, token: &str) -> WalkEnd {
+    let row = match routing.store.find_lead(lead_id).await {
+        Ok(Some(row)) if row.claim_token.as_deref() == Some(token) => row,
+        Ok(_) => return WalkEnd::Lost,
+        Err(error) => return RouteError::from(error).end(0),
     };
-    let mut history = store.attempts_of(lead_id).await?;
-    // Calls left in flight by a routing that stopped (a crash, a restart):
-    // settle them first. A fresh lead has no history, so no extra query.
-    if history.iter().any(|attempt| attempt.outcome == "in_flight") {
-        let (posts, _) = store.settle_interrupted_attempts(lead_id).await?;
+    let failures_before = u32::try_from(row.route_failures).unwrap_or(0);
+    match route_claimed(routing, &row, token).await {
+        Ok(end) => end,
+        Err(error) => error.end(failures_before),
+    }
+}
+
+async fn route_claimed(
+    routing: &RoutingContext,
+    row: &lead::Model,
+    token: &str,
+) -> Result<WalkEnd, RouteError> {
+    let store = &routing.store;
+    let mut history = store.attempts_of(&row.id).await?;
+    // Calls left in flight by a routing that stopped (a crash, a restart,
+    // an answer that could not be written): settle them first. A fresh
+    // lead has no history, so no extra query.
+    if history
+        .iter()
+        .any(|attempt| outcome_of(attempt) == Some(AttemptOutcome::InFlight))
+    {
+        let (posts, _) = store.settle_interrupted_attempts(&row.id).await?;
         if posts > 0 {
             let message = format!(
-                "a post of lead {lead_id} was in flight when routing stopped: lead unknown, not re-sent"
+                "a post of lead {} was in flight when routing stopped: lead unknown, not re-sent",
+                row.id
             );
             routing
                 .alerts
-                .raise(AlertKind::PostTimeout, None, Some(lead_id), &message)
+                .raise(AlertKind::PostTimeout, None, Some(&row.id), &message)
                 .await;
         }
-        history = store.attempts_of(lead_id).await?;
+        history = store.attempts_of(&row.id).await?;
     }
     // After a reroute only the attempts since decide the lead.
     let (earlier, current): (Vec<attempt::Model>, Vec<attempt::Model>) =
@@ -158,53 +226,93 @@ async fn route(routing: &RoutingContext, lead_id: &str) -> Result<Option<LeadSta
             row.history_from
                 .is_some_and(|from| attempt.started_at < from)
         });
-    if let Some(state) = settled_by_history(store, lead_id, &current).await? {
-        return Ok(Some(state));
+    if let Some(end) = settled_by_history(store, &row.id, &current).await? {
+        return Ok(end);
     }
     let mut finished = finished_buyers(&current);
     if !row.offer_tried {
         finished.extend(posted_to(&earlier));
     }
-    Ok(Some(walk(routing, &row, &finished).await?))
+    walk(routing, row, token, &finished).await
+}
+
+fn kind_of(attempt: &attempt::Model) -> Option<AttemptKind> {
+    AttemptKind::parse(&attempt.kind)
+}
+
+fn outcome_of(attempt: &attempt::Model) -> Option<AttemptOutcome> {
+    AttemptOutcome::parse(&attempt.outcome)
+}
+
+fn is_post(attempt: &attempt::Model) -> bool {
+    kind_of(attempt) == Some(AttemptKind::POST)
 }
 
 /// Buyers a post went out to.
 fn posted_to(history: &[attempt::Model]) -> impl Iterator<Item = String> + '_ {
     history
         .iter()
-        .filter(|attempt| attempt.kind == "post")
+        .filter(|attempt| is_post(attempt))
         .map(|attempt| attempt.buyer_id.clone())
 }
 
-/// A lead routed before (a restart, a lost settle) whose history already
-/// decides it: sold if it has a sale, unknown if a post went out unanswered.
+/// A lead routed before (a restart, a lost settle, a sale commit that
+/// failed) whose history already decides it: an accepted post is a sale
+/// (written now if it is missing), an unanswered post leaves it unknown.
 async fn settled_by_history(
     store: &Store,
     lead_id: &str,
     history: &[attempt::Model],
-) -> Result<Option<LeadState>, RouteError> {
-    let mut posts = history
-        .iter()
-        .filter(|attempt| attempt.kind == "post")
-        .peekable();
-    if posts.peek().is_none() {
+) -> Result<Option<WalkEnd>, RouteError> {
+    let posts: Vec<&attempt::Model> = history.iter().filter(|attempt| is_post(attempt)).collect();
+    if posts.is_empty() {
         // No post ever went out: nothing is sold or unknown yet.
         return Ok(None);
     }
-    if !store.sales_of(&[lead_id.to_string()]).await?.is_empty() {
-        return Ok(Some(LeadState::Sold));
+    let accepted = AttemptOutcome::Call(CallOutcome::Accepted);
+    if let Some(post) = posts.iter().find(|post| outcome_of(post) == Some(accepted)) {
+        let sale = SaleOf {
+            lead_id,
+            buyer_id: &post.buyer_id,
+            price: price_of(post, history),
+        };
+        if store.sell_from_history(&post.id, sale).await? {
+            tracing::warn!(%lead_id, buyer_id = %post.buyer_id, "an accepted post had no sale: sold from its history");
+        }
+        return Ok(Some(WalkEnd::Settled));
     }
-    let unanswered_post = posts.any(|attempt| attempt.outcome == "timeout");
-    Ok(unanswered_post.then_some(LeadState::Unknown))
+    if !store.sales_of(&[lead_id.to_string()]).await?.is_empty() {
+        return Ok(Some(WalkEnd::LetGo(LeadEnd::State(LeadState::Sold))));
+    }
+    let timeout = AttemptOutcome::Call(CallOutcome::Timeout);
+    let unanswered_post = posts.iter().any(|post| outcome_of(post) == Some(timeout));
+    Ok(unanswered_post.then_some(WalkEnd::LetGo(LeadEnd::State(LeadState::Unknown))))
+}
+
+/// The price of an accepted post, read again from its answer with the
+/// buyer settings its snapshot froze.
+fn price_of(post: &attempt::Model, history: &[attempt::Model]) -> Option<f64> {
+    let bid = history
+        .iter()
+        .filter(|ping| ping.buyer_id == post.buyer_id && kind_of(ping) == Some(AttemptKind::PING))
+        .filter_map(|ping| ping.bid)
+        .next_back();
+    match buyer_from_snapshot(&post.snapshot) {
+        Ok(settings) => sale_price(&settings, post.response_body.as_deref(), bid),
+        Err(_) => bid,
+    }
 }
 
 /// Buyers this lead is never offered again: they rejected it, or a post
 /// went out to them (accepted, in flight, or its fate unknown).
 fn finished_buyers(history: &[attempt::Model]) -> HashSet<String> {
+    let rejected = Some(AttemptOutcome::Call(CallOutcome::Rejected));
+    let failed_post = Some(AttemptOutcome::Call(CallOutcome::Error));
     history
         .iter()
         .filter(|attempt| {
-            attempt.outcome == "rejected" || (attempt.kind == "post" && attempt.outcome != "error")
+            outcome_of(attempt) == rejected
+                || (is_post(attempt) && outcome_of(attempt) != failed_post)
         })
         .map(|attempt| attempt.buyer_id.clone())
         .collect()
@@ -213,8 +321,9 @@ fn finished_buyers(history: &[attempt::Model]) -> HashSet<String> {
 async fn walk(
     routing: &RoutingContext,
     row: &lead::Model,
+    token: &str,
     finished: &HashSet<String>,
-) -> Result<LeadState, RouteError> {
+) -> Result<WalkEnd, RouteError> {
     let store = &routing.store;
     let offer = Arc::new(LeadOffer::of(row));
     let mut tally = Tally::default();
@@ -228,13 +337,20 @@ async fn walk(
             let attempt = NewAttempt {
                 lead_id: row.id.clone(),
                 buyer_id: settings.id.clone(),
-                kind: "skip".into(),
+                kind: AttemptKind::Skip,
                 request: Value::Null,
                 snapshot: settings.snapshot.clone(),
                 retry_of: None,
                 instance_id: routing.instance_id.to_string(),
+                claim_token: token.to_string(),
+                caps: Vec::new(),
             };
-            async move { store.record_skip(attempt, reason.as_str()).await }
+            async move {
+                match store.record_skip(attempt, reason).await? {
+                    Written::Fenced => Err(RouteError::ClaimLost),
+                    _ => Ok(()),
+                }
+            }
         };
         if row.is_test && !settings.accept_test_leads {
             skip(SkipReason::TestLead).await?;
@@ -244,16 +360,18 @@ async fn walk(
             skip(SkipReason::Filtered).await?;
             continue;
         }
-        if is_capped(store, settings, Utc::now()).await? {
+        let caps = CapSlot::for_post(settings, Utc::now());
+        if !caps.is_empty() && store.cap_reached(&caps).await? {
             skip(SkipReason::Capped).await?;
             continue;
         }
-        still_ours(routing, &row.id).await?;
+        still_going(routing)?;
         let offer_call = |kind, ping: PingResult| OfferLead {
             lead: offer.clone(),
             kind,
             ping,
             instance_id: routing.instance_id.clone(),
+            claim_token: token.to_string(),
             retry: None,
         };
 
@@ -264,6 +382,9 @@ async fn walk(
                 .send(offer_call(CallKind::Ping, PingResult::default()))
                 .await?;
             tally.note(&offered);
+            if let Some(stop) = RouteError::of(&offered) {
+                return Err(stop);
+            }
             match offered {
                 Offered::Called(report) if report.outcome == CallOutcome::Accepted => {
                     ping = PingResult {
@@ -271,9 +392,7 @@ async fn walk(
                         bid: report.bid,
                     };
                 }
-                Offered::NotRecorded => return Err(RouteError::NotRecorded),
-                Offered::Crashed => return Err(RouteError::BuyerCrashed),
-                Offered::Called(_) | Offered::Skipped(_) => continue,
+                _ => continue,
             }
             let floor = settings
                 .min_bid
@@ -286,44 +405,33 @@ async fn walk(
             }
         }
 
-        // A ping can take long: shutdown or a lost lease stop the post too.
-        still_ours(routing, &row.id).await?;
-        let bid = ping.bid;
+        // A ping can take long: shutdown stops the post too (and the
+        // post's row is written only while our claim holds).
+        still_going(routing)?;
         let offered = buyer.addr.send(offer_call(CallKind::Post, ping)).await?;
         tally.note(&offered);
+        if let Some(stop) = RouteError::of(&offered) {
+            return Err(stop);
+        }
         match offered {
-            Offered::Called(report) => match report.outcome {
-                CallOutcome::Accepted => {
-                    let price = report.price.or(bid).or(settings.price);
-                    if !store
-                        .record_sale(&row.id, &settings.id, Some(&report.attempt_id), price)
-                        .await?
-                    {
-                        tracing::warn!(lead_id = %row.id, buyer_id = %settings.id, "a second accepted post: the lead was already sold, no second sale");
-                    }
-                    return Ok(LeadState::Sold);
-                }
-                CallOutcome::Timeout => {
-                    let message = format!(
-                        "post of lead {} to buyer {} got no answer in time: lead unknown, not re-sent",
-                        row.id, settings.id
-                    );
-                    routing
-                        .alerts
-                        .raise(
-                            AlertKind::PostTimeout,
-                            Some(&settings.id),
-                            Some(&row.id),
-                            &message,
-                        )
-                        .await;
-                    return Ok(LeadState::Unknown);
-                }
-                CallOutcome::Rejected | CallOutcome::Error => continue,
-            },
-            Offered::NotRecorded => return Err(RouteError::NotRecorded),
-            Offered::Crashed => return Err(RouteError::BuyerCrashed),
-            Offered::Skipped(_) => continue,
+            Offered::Sold(_) => return Ok(WalkEnd::Settled),
+            Offered::Called(report) if report.outcome == CallOutcome::Timeout => {
+                let message = format!(
+                    "post of lead {} to buyer {} got no answer in time: lead unknown, not re-sent",
+                    row.id, settings.id
+                );
+                routing
+                    .alerts
+                    .raise(
+                        AlertKind::PostTimeout,
+                        Some(&settings.id),
+                        Some(&row.id),
+                        &message,
+                    )
+                    .await;
+                return Ok(WalkEnd::LetGo(LeadEnd::State(LeadState::Unknown)));
+            }
+            _ => continue,
         }
     }
     if tally.failed && !tally.rejected {
@@ -336,21 +444,13 @@ async fn walk(
             .raise(AlertKind::AllBuyersFailed, None, Some(&row.id), &message)
             .await;
     }
-    Ok(LeadState::Unsold)
+    Ok(WalkEnd::LetGo(LeadEnd::State(LeadState::Unsold)))
 }
 
-/// Before each call: not shutting down, and the lease (kept by the
-/// router's heartbeat) is still ours.
-async fn still_ours(routing: &RoutingContext, lead_id: &str) -> Result<(), RouteError> {
+/// Before each call: not shutting down.
+fn still_going(routing: &RoutingContext) -> Result<(), RouteError> {
     if routing.draining.load(Ordering::Relaxed) {
         return Err(RouteError::ShuttingDown);
-    }
-    if !routing
-        .store
-        .holds_lease(lead_id, &routing.instance_id)
-        .await?
-    {
-        return Err(RouteError::LeaseLost);
     }
     Ok(())
 }
@@ -386,29 +486,4 @@ fn filters_pass(settings: &BuyerSettings, offer: &LeadOffer) -> bool {
             .and_then(Value::as_str)
             .is_some_and(|value| allowed.iter().any(|ok| ok.eq_ignore_ascii_case(value)))
     })
-}
-
-/// Whether an hourly, daily or monthly cap (UTC periods) is reached.
-async fn is_capped(
-    store: &Store,
-    settings: &BuyerSettings,
-    now: DateTime<Utc>,
-) -> Result<bool, sea_orm::DbErr> {
-    let hour = now
-        .with_minute(0)
-        .and_then(|t| t.with_second(0))
-        .and_then(|t| t.with_nanosecond(0))
-        .unwrap_or(now);
-    let day = hour.with_hour(0).unwrap_or(hour);
-    let month = day.with_day(1).unwrap_or(day);
-    for (cap, since) in [
-        (settings.hourly_cap, hour),
-        (settings.daily_cap, day),
-        (settings.monthly_cap, month),
-    ] {
-        if cap > 0 && store.sales_since(&settings.id, since).await? >= u64::from(cap) {
-            return Ok(true);
-        }
-    }
-    Ok(false)
 }

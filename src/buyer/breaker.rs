@@ -142,6 +142,12 @@ impl Breaker {
         }
     }
 
+    /// Forgets the probes in flight (their calls were lost in a restart),
+    /// so a half-open circuit lets new probes through.
+    pub fn reset_probes(&mut self) {
+        self.probes_in_flight = 0;
+    }
+
     /// Calls that may probe a half-open circuit at once.
     pub fn half_open_probes(&self) -> u32 {
         self.settings.half_open_probes
@@ -264,6 +270,19 @@ mod tests {
                 Some(now + Duration::from_secs(expected))
             );
         }
+    }
+
+    #[test]
+    fn probes_lost_in_a_restart_are_forgotten_and_new_ones_admitted() {
+        let (mut breaker, t0) = (breaker(), Instant::now());
+        for _ in 0..3 {
+            fail(&mut breaker, t0);
+        }
+        let later = t0 + Duration::from_secs(30);
+        assert_eq!(breaker.admit(later), Admission::Probe);
+        assert_eq!(breaker.admit(later), Admission::Refused);
+        breaker.reset_probes();
+        assert_eq!(breaker.admit(later), Admission::Probe);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use awc::error::{ConnectError, SendRequestError};
 
 use super::accept::{AcceptCheck, Verdict};
 use super::request::BuyerRequest;
-use super::{CallKind, CallOutcome};
+use crate::domain::{CallKind, CallOutcome};
 
 /// Response bodies kept in the attempt row are cut to this many bytes.
 pub const KEPT_RESPONSE_BYTES: usize = 4096;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::CallKind;
+use crate::domain::CallKind;
 
 /// Calls of each kind the percentiles are taken over.
 const WINDOW: usize = 200;

@@ -5,8 +5,8 @@
 
 use serde_json::{json, Map, Value};
 
-use super::CallKind;
 use crate::config::BuyerSettings;
+use crate::domain::CallKind;
 
 /// Header names whose literal values are never shown in attempt views.
 const SENSITIVE_HEADER_WORDS: [&str; 5] = ["authorization", "key", "token", "secret", "password"];

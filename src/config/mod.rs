@@ -225,6 +225,14 @@ pub struct RoutingSettings {
     #[serde(with = "humantime_serde")]
     pub auction_window: Duration,
     pub reserve_price: Option<f64>,
+    /// Routing failures on our side (a database error, a crashed actor,
+    /// an answer that could not be recorded) before a lead is set aside in
+    /// the review queue with an alert.
+    pub failure_limit: u32,
+    /// The wait after a lead's first routing failure; it doubles with each
+    /// further one (at most an hour).
+    #[serde(with = "humantime_serde")]
+    pub failure_backoff: Duration,
 }
 
 impl Default for RoutingSettings {
@@ -238,6 +246,8 @@ impl Default for RoutingSettings {
                 .to_vec(),
             auction_window: Duration::from_secs(2),
             reserve_price: None,
+            failure_limit: 5,
+            failure_backoff: Duration::from_secs(1),
         }
     }
 }

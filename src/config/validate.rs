@@ -136,6 +136,9 @@ pub fn check(settings: &Settings) -> Vec<Problem> {
             "must be at least 1s (it is renewed every third of it)".into(),
         );
     }
+    if settings.routing.failure_limit == 0 {
+        problem("routing.failure_limit".into(), "must be at least 1".into());
+    }
     problems
 }
 
@@ -167,6 +170,9 @@ fn check_buyer(
     }
     if circuit.half_open_probes == 0 {
         problem(at("circuit.half_open_probes"), "must be at least 1".into());
+    }
+    if circuit.open_for.is_zero() {
+        problem(at("circuit.open_for"), "must be longer than 0s".into());
     }
     if circuit.open_for > circuit.max_open_for {
         problem(

@@ -1,11 +1,13 @@
 //! The lead's vocabulary: states, the acceptance contract, and turning a
 //! request body into normalised fields and attribution.
 
+mod attempt;
 pub mod base64_bytes;
 mod contract;
 mod normalize;
 mod payload;
 
+pub use attempt::{AttemptKind, AttemptOutcome, CallKind, CallOutcome, SkipReason, INTERRUPTED};
 pub use contract::{Acceptance, Contract, FieldError, LeadState};
 pub use normalize::{
     check_fields, normalize, normalize_parsed, Normalized, RequestMeta, ATTRIBUTION_KEYS,

@@ -4,8 +4,6 @@
 //! the new attempt) as it is afterwards; a state that does not allow the
 //! change is 409.
 
-use std::sync::Arc;
-
 use actix_web::{web, HttpResponse};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -14,13 +12,9 @@ use utoipa::{IntoParams, ToSchema};
 use super::error::ErrorBody;
 use super::leads::{find, full_view, AttemptView, LeadView};
 use super::{Admin, ApiError, AppState};
-use crate::actors::buyer::{OfferLead, Offered, Retry};
-use crate::actors::directory::BuyerHandle;
+use crate::actors::retry::{RetryAttempt, RetryError};
 use crate::actors::router::RouteLeads;
-use crate::buyer::request::{LeadOffer, PingResult};
-use crate::buyer::{CallKind, CallOutcome};
-use crate::config::buyer_from_snapshot;
-use crate::domain::{check_fields, LeadState};
+use crate::domain::check_fields;
 use crate::reload::{reload as reload_settings, ReloadError, ReloadReport};
 use crate::store::Settlement;
 
@@ -200,8 +194,10 @@ pub async fn return_lead(
 /// `POST /v1/attempts/{id}/retry`: replays a ping or post with the buyer
 /// settings its snapshot froze (whatever the configuration says now), as a
 /// new attempt with `retry_of`, for an `unsold` or `unknown` lead, which is
-/// held (leased) meanwhile. An accepted post makes the sale, still at most
-/// one. Answers the new attempt.
+/// held (leased) meanwhile. The router owns the retry (see
+/// `actors::retry`), so a client that goes away changes nothing. An
+/// accepted post makes the sale, still at most one; a timed-out post
+/// leaves the lead `unknown`. Answers the new attempt.
 #[utoipa::path(post, path = "/v1/attempts/{id}/retry", tag = "leads", security(("admin" = [])),
     params(("id" = String, Path, description = "The attempt to replay")),
     responses(
@@ -216,152 +212,20 @@ pub async fn retry(
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let original = state
-        .store
-        .find_attempt(&path)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("attempt {:?}", path.as_str())))?;
-    let kind = match original.kind.as_str() {
-        "ping" => CallKind::Ping,
-        "post" => CallKind::Post,
-        other => {
-            return Err(ApiError::Conflict(format!(
-                "a {other} attempt cannot be retried, only pings and posts"
-            )))
-        }
-    };
-    if original.outcome == "in_flight" {
-        return Err(ApiError::Conflict("the attempt is still in flight".into()));
-    }
-    let lead = find(&state, &original.lead_id).await?;
-    let previous = match LeadState::parse(&lead.state) {
-        Some(settled @ (LeadState::Unsold | LeadState::Unknown)) => settled,
-        Some(LeadState::Sold) => {
-            return Err(ApiError::Conflict(
-                "the lead is already sold; a retry could sell it twice".into(),
-            ))
-        }
-        _ => {
-            return Err(ApiError::Conflict(format!(
-                "only the attempts of an unsold or unknown lead can be retried; this one is {}",
-                lead.state
-            )))
-        }
-    };
-    let settings = buyer_from_snapshot(&original.snapshot).map_err(|problems| {
-        let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();
-        ApiError::Conflict(format!(
-            "the snapshot cannot be replayed: {}",
-            listed.join("; ")
-        ))
-    })?;
-    let buyer = state.tree.buyers.get(&original.buyer_id).ok_or_else(|| {
-        ApiError::Conflict(format!(
-            "buyer {:?} is no longer configured",
-            original.buyer_id
-        ))
-    })?;
-    // Held for the retry: no waterfall takes the lead meanwhile.
-    let owner = format!("{}:retry", state.tree.instance_id);
-    let lease = state.settings().routing.lease;
-    if !state
-        .store
-        .hold_lead(&lead.id, &lead.state, &owner, lease)
-        .await?
-    {
-        return Err(ApiError::Conflict(
-            "the lead changed meanwhile; try again".into(),
-        ));
-    }
-    let replayed = replay(&state, &lead, &original, kind, buyer, settings).await;
-    let settled = match &replayed {
-        Ok(true) => LeadState::Sold,
-        _ => previous,
-    };
-    state
-        .store
-        .settle_leads(&owner, &[(lead.id.clone(), settled)])
-        .await?;
-    replayed?;
     let retried = state
-        .store
-        .attempts_of(&lead.id)
-        .await?
-        .into_iter()
-        .rev()
-        .find(|attempt| attempt.retry_of.as_deref() == Some(original.id.as_str()))
-        .ok_or_else(|| ApiError::Unavailable("the retry left no attempt row".into()))?;
-    Ok(HttpResponse::Ok().json(AttemptView::from(retried)))
-}
-
-/// Makes the retried call through the buyer's actor; true when it sold the lead.
-async fn replay(
-    state: &AppState,
-    lead: &entity::lead::Model,
-    original: &entity::attempt::Model,
-    kind: CallKind,
-    buyer: BuyerHandle,
-    settings: crate::config::BuyerSettings,
-) -> Result<bool, ApiError> {
-    let ping = match kind {
-        CallKind::Post => accepted_ping(state, &original.lead_id, &original.buyer_id).await?,
-        CallKind::Ping => PingResult::default(),
-    };
-    let bid = ping.bid;
-    let offered = buyer
-        .addr
-        .send(OfferLead {
-            lead: Arc::new(LeadOffer::of(lead)),
-            kind,
-            ping,
-            instance_id: state.tree.instance_id.clone(),
-            retry: Some(Retry {
-                of: original.id.clone(),
-                settings: Arc::new(settings),
-            }),
+        .tree
+        .router
+        .send(RetryAttempt {
+            attempt_id: path.into_inner(),
         })
         .await
-        .map_err(|error| ApiError::Unavailable(format!("buyer actor: {error}")))?;
-    match offered {
-        Offered::Called(report)
-            if kind == CallKind::Post && report.outcome == CallOutcome::Accepted =>
-        {
-            let price = report.price.or(bid).or(buyer.settings.price);
-            Ok(state
-                .store
-                .record_sale(
-                    &lead.id,
-                    &original.buyer_id,
-                    Some(&report.attempt_id),
-                    price,
-                )
-                .await?)
-        }
-        Offered::NotRecorded | Offered::Crashed => Err(ApiError::Unavailable(
-            "the retry could not be recorded or the buyer actor crashed".into(),
-        )),
-        _ => Ok(false),
-    }
-}
-
-/// The ping this buyer accepted for the lead, for a retried post.
-async fn accepted_ping(
-    state: &AppState,
-    lead_id: &str,
-    buyer_id: &str,
-) -> Result<PingResult, ApiError> {
-    let attempts = state.store.attempts_of(lead_id).await?;
-    Ok(attempts
-        .into_iter()
-        .rev()
-        .find(|attempt| {
-            attempt.buyer_id == buyer_id && attempt.kind == "ping" && attempt.outcome == "accepted"
-        })
-        .map(|ping| PingResult {
-            ping_id: ping.ping_id,
-            bid: ping.bid,
-        })
-        .unwrap_or_default())
+        .map_err(|error| ApiError::Unavailable(format!("router: {error}")))?
+        .map_err(|error| match error {
+            RetryError::NotFound(what) => ApiError::NotFound(what),
+            RetryError::Conflict(why) => ApiError::Conflict(why),
+            RetryError::Unavailable(why) => ApiError::Unavailable(why),
+        })?;
+    Ok(HttpResponse::Ok().json(AttemptView::from(retried)))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -5,15 +5,15 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use entity::{attempt, intake_log, lead, lead_match_key, sale};
-use sea_orm::sea_query::OnConflict;
+use entity::{attempt, intake_log, lead, sale};
+use sea_orm::sea_query::{Expr, OnConflict};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, IntoActiveModel,
-    QueryFilter, QueryOrder, QuerySelect, TransactionTrait,
+    ActiveValue::Set, ColumnTrait, DbErr, EntityTrait, IntoActiveModel, QueryFilter, QueryOrder,
+    QuerySelect, TransactionTrait,
 };
 use serde_json::{Map, Value};
 
-use super::Store;
+use super::{person, Store};
 use crate::domain::{Contract, FieldError, LeadState};
 
 /// A lead as intake built it, before the database has seen it (and as the
@@ -99,15 +99,8 @@ impl Store {
         leads: &[NewLead],
         rule: &DuplicateRule,
     ) -> Result<Vec<PersistOutcome>, DbErr> {
-        // Read before the transaction: on SQLite a transaction that reads
-        // first cannot wait for the write lock (it fails with SQLITE_BUSY).
-        let originals = find_same_person(&self.db, leads, rule).await?;
         let txn = self.db.begin().await?;
-        let rows: Vec<lead::Model> = leads
-            .iter()
-            .zip(originals)
-            .map(|(new, original)| lead_row(new, original))
-            .collect();
+        let rows: Vec<lead::Model> = leads.iter().map(lead_row).collect();
         let mut written = 0;
         for chunk in small_statements(&rows, |row| row.raw.len() * 2) {
             written += lead::Entity::insert_many(
@@ -137,38 +130,20 @@ impl Store {
                 .into_iter()
                 .collect()
         };
-        // A replay's server id was never stored: remember which lead it is.
-        let mut replayed_as: HashMap<&str, lead::Model> = HashMap::new();
-        for row in rows.iter().filter(|row| !inserted.contains(&row.id)) {
+        let mut outcomes = Vec::with_capacity(rows.len());
+        for row in rows {
+            if inserted.contains(&row.id) {
+                outcomes.push(PersistOutcome::Inserted(row));
+                continue;
+            }
+            // A replay: its server id was never stored; answer the lead it is.
             let existing = lead::Entity::find()
                 .filter(lead::Column::SourceId.eq(row.source_id.as_str()))
                 .filter(lead::Column::IdempotencyKey.eq(row.idempotency_key.clone()))
                 .one(&txn)
                 .await?
                 .ok_or_else(|| DbErr::RecordNotFound("lead behind a conflicting key".into()))?;
-            replayed_as.insert(row.id.as_str(), existing);
-        }
-        let mut outcomes = Vec::with_capacity(rows.len());
-        for row in &rows {
-            if let Some(existing) = replayed_as.get(row.id.as_str()) {
-                outcomes.push(PersistOutcome::Existing(existing.clone()));
-                continue;
-            }
-            let mut row = row.clone();
-            let original_was_replay = row
-                .duplicate_of
-                .as_deref()
-                .and_then(|id| replayed_as.get(id));
-            if let Some(original) = original_was_replay {
-                // Matched a lead of this batch that proved to be a replay.
-                row.duplicate_of = Some(original.id.clone());
-                lead::Entity::update_many()
-                    .col_expr(lead::Column::DuplicateOf, original.id.clone().into())
-                    .filter(lead::Column::Id.eq(row.id.as_str()))
-                    .exec(&txn)
-                    .await?;
-            }
-            outcomes.push(PersistOutcome::Inserted(row));
+            outcomes.push(PersistOutcome::Existing(existing));
         }
         let fresh: Vec<&lead::Model> = outcomes
             .iter()
@@ -177,8 +152,27 @@ impl Store {
                 PersistOutcome::Existing(_) => None,
             })
             .collect();
-        record_match_keys(&txn, &fresh, rule).await?;
+        let originals = person::claim_keys(&txn, &fresh, rule).await?;
+        for (duplicate, original) in &originals {
+            lead::Entity::update_many()
+                .col_expr(
+                    lead::Column::State,
+                    Expr::value(LeadState::Duplicate.as_str()),
+                )
+                .col_expr(lead::Column::DuplicateOf, Expr::value(original.as_str()))
+                .filter(lead::Column::Id.eq(duplicate.as_str()))
+                .exec(&txn)
+                .await?;
+        }
         txn.commit().await?;
+        for outcome in &mut outcomes {
+            if let PersistOutcome::Inserted(row) = outcome {
+                if let Some(original) = originals.get(&row.id) {
+                    row.state = LeadState::Duplicate.as_str().into();
+                    row.duplicate_of = Some(original.clone());
+                }
+            }
+        }
         Ok(outcomes)
     }
 
@@ -255,14 +249,13 @@ fn small_statements<T>(rows: &[T], body_bytes: impl Fn(&T) -> usize) -> Vec<&[T]
     runs
 }
 
-/// The row intake writes for a new lead, given its same-person match.
-fn lead_row(new: &NewLead, duplicate_of: Option<String>) -> lead::Model {
-    let state = if !new.errors.is_empty() {
-        LeadState::Invalid
-    } else if duplicate_of.is_some() {
-        LeadState::Duplicate
-    } else {
+/// The row intake writes for a new lead (same-person matching may make it
+/// a duplicate within the same transaction).
+fn lead_row(new: &NewLead) -> lead::Model {
+    let state = if new.errors.is_empty() {
         LeadState::Received
+    } else {
+        LeadState::Invalid
     };
     lead::Model {
         id: new.id.clone(),
@@ -276,7 +269,7 @@ fn lead_row(new: &NewLead, duplicate_of: Option<String>) -> lead::Model {
         attribution: Value::Object(new.attribution.clone()),
         is_test: new.is_test,
         errors: serde_json::to_value(&new.errors).unwrap_or_default(),
-        duplicate_of,
+        duplicate_of: None,
         manager_notified: false,
         crm_synced: false,
         lease_owner: None,
@@ -285,134 +278,11 @@ fn lead_row(new: &NewLead, duplicate_of: Option<String>) -> lead::Model {
         updated_at: new.received_at,
         history_from: None,
         offer_tried: false,
+        claim_token: None,
+        route_failures: 0,
+        route_after: None,
+        set_aside_reason: None,
     }
-}
-
-/// Leads that take part in same-person matching (valid, not tests).
-fn is_matchable(new: &NewLead) -> bool {
-    new.errors.is_empty() && !new.is_test
-}
-
-fn match_keys<'a>(
-    new: &'a NewLead,
-    rule: &'a DuplicateRule,
-) -> impl Iterator<Item = (&'a str, &'a str)> {
-    rule.keys.iter().filter_map(|name| {
-        new.fields
-            .get(name)
-            .and_then(Value::as_str)
-            .map(|value| (name.as_str(), value))
-    })
-}
-
-fn window_start(received_at: DateTime<Utc>, window: Duration) -> DateTime<Utc> {
-    received_at - chrono::Duration::from_std(window).unwrap_or(chrono::Duration::MAX)
-}
-
-/// Same-person originals for a batch, in one query plus the batch itself:
-/// the earliest lead within the window sharing any duplicate-key value.
-/// Only one batch is written at a time per instance, so reading outside
-/// the write transaction misses nothing of our own.
-async fn find_same_person(
-    txn: &impl ConnectionTrait,
-    leads: &[NewLead],
-    rule: &DuplicateRule,
-) -> Result<Vec<Option<String>>, DbErr> {
-    let mut wanted = Condition::any();
-    let mut any = false;
-    for new in leads.iter().filter(|new| is_matchable(new)) {
-        for (name, value) in match_keys(new, rule) {
-            any = true;
-            wanted = wanted.add(
-                Condition::all()
-                    .add(lead_match_key::Column::Name.eq(name))
-                    .add(lead_match_key::Column::Value.eq(value)),
-            );
-        }
-    }
-    let mut known: HashMap<(String, String), (DateTime<Utc>, String)> = HashMap::new();
-    if any {
-        let oldest = leads
-            .iter()
-            .map(|new| new.received_at)
-            .min()
-            .unwrap_or_else(Utc::now);
-        let rows = lead_match_key::Entity::find()
-            .filter(wanted)
-            .filter(lead_match_key::Column::ReceivedAt.gte(window_start(oldest, rule.window)))
-            .all(txn)
-            .await?;
-        for row in rows {
-            let entry = known
-                .entry((row.name, row.value))
-                .or_insert((row.received_at, row.lead_id.clone()));
-            if row.received_at < entry.0 {
-                *entry = (row.received_at, row.lead_id);
-            }
-        }
-    }
-    let mut originals = Vec::with_capacity(leads.len());
-    for new in leads {
-        if !is_matchable(new) {
-            originals.push(None);
-            continue;
-        }
-        let since = window_start(new.received_at, rule.window);
-        let original = match_keys(new, rule)
-            .filter_map(|(name, value)| known.get(&(name.to_string(), value.to_string())))
-            .filter(|(at, _)| *at >= since)
-            .min_by_key(|(at, _)| *at)
-            .map(|(_, id)| id.clone());
-        if original.is_none() {
-            // Later leads of this batch match this one.
-            for (name, value) in match_keys(new, rule) {
-                known
-                    .entry((name.to_string(), value.to_string()))
-                    .or_insert((new.received_at, new.id.clone()));
-            }
-        }
-        originals.push(original);
-    }
-    Ok(originals)
-}
-
-async fn record_match_keys(
-    txn: &impl ConnectionTrait,
-    rows: &[&lead::Model],
-    rule: &DuplicateRule,
-) -> Result<(), DbErr> {
-    let keys: Vec<_> = rows
-        .iter()
-        .filter(|row| row.state == LeadState::Received.as_str() && !row.is_test)
-        .flat_map(|row| {
-            rule.keys.iter().filter_map(move |name| {
-                row.fields.get(name).and_then(Value::as_str).map(|value| {
-                    lead_match_key::ActiveModel {
-                        name: Set(name.clone()),
-                        value: Set(value.to_string()),
-                        lead_id: Set(row.id.clone()),
-                        received_at: Set(row.received_at),
-                    }
-                })
-            })
-        })
-        .collect();
-    if keys.is_empty() {
-        return Ok(());
-    }
-    lead_match_key::Entity::insert_many(keys)
-        .on_conflict(
-            OnConflict::columns([
-                lead_match_key::Column::Name,
-                lead_match_key::Column::Value,
-                lead_match_key::Column::LeadId,
-            ])
-            .do_nothing()
-            .to_owned(),
-        )
-        .exec_without_returning(txn)
-        .await?;
-    Ok(())
 }
 
 /// The acceptance contract of a stored lead row.

@@ -2,8 +2,10 @@
 //! PostgreSQL through the same sea-orm code), migrating, and the queries.
 
 mod attempt_writer;
+mod caps;
 mod leads;
 mod operations;
+mod person;
 mod routing;
 
 use std::time::Duration;
@@ -12,9 +14,13 @@ use migration::{Migrator, MigratorTrait};
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
 
+pub use attempt_writer::Written;
+pub use caps::{CapPeriod, CapSlot, CapUse};
 pub use leads::{contract_of_row, DuplicateRule, LeadFilter, LeadPage, NewLead, PersistOutcome};
 pub use operations::{OperationError, Settlement};
-pub use routing::{AttemptEnd, NewAttempt, OutcomeCounts};
+pub use routing::{
+    AttemptEnd, Begun, Claimed, FailurePolicy, HeldLead, LeadEnd, NewAttempt, OutcomeCounts, SaleOf,
+};
 
 use crate::config::DatabaseSettings;
 

@@ -1,6 +1,6 @@
 //! What operators do to leads through the admin API: fix an invalid lead,
-//! reroute, settle an `unknown` lead by hand, record a return, mark a lead
-//! sold by a retried post; and the alert list. Every change is a conditional
+//! reroute (a set-aside lead too), settle an `unknown` lead by hand, record
+//! a return (its cap slots given back); and the alert list. Every change is a conditional
 //! UPDATE on the lead's state, so two operators (or an operator and the
 //! router) cannot both win; the one-sale rule stays with the unique index.
 
@@ -8,14 +8,13 @@ use chrono::Utc;
 use entity::{alert, attempt, lead, sale};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
-    SqlErr, TransactionTrait,
+    ActiveValue::Set, ColumnTrait, Condition, DbErr, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, SqlErr, TransactionTrait,
 };
 use serde_json::{Map, Value};
 
-use super::routing::lease_end;
-use super::Store;
-use crate::domain::{new_id, FieldError, LeadState};
+use super::{caps, Store};
+use crate::domain::{new_id, AttemptKind, FieldError, LeadState};
 
 /// Why an operator's change was not made.
 #[derive(Debug, thiserror::Error)]
@@ -108,25 +107,43 @@ impl Store {
             .await
     }
 
-    /// Puts an `unsold` or `unknown` lead back to be routed, with a new
-    /// routing history; `include_tried` lets buyers it was posted to before
-    /// be offered it again.
+    /// Puts an `unsold` or `unknown` lead, or one set aside after routing
+    /// failures, back to be routed, with a new routing history;
+    /// `include_tried` lets buyers it was posted to before be offered it
+    /// again.
     pub async fn reroute_lead(
         &self,
         lead_id: &str,
         include_tried: bool,
     ) -> Result<lead::Model, OperationError> {
-        let settled = [LeadState::Unsold.as_str(), LeadState::Unknown.as_str()];
+        let settled = [
+            LeadState::Unsold.as_str(),
+            LeadState::Unknown.as_str(),
+            LeadState::Received.as_str(),
+        ];
+        let set_aside_or_settled = Condition::any()
+            .add(lead::Column::State.ne(LeadState::Received.as_str()))
+            .add(lead::Column::SetAsideReason.is_not_null());
         let changed = transition(lead_id, &settled, LeadState::Received.as_str())
+            .filter(set_aside_or_settled)
             .col_expr(lead::Column::HistoryFrom, Expr::value(Utc::now()))
             .col_expr(lead::Column::OfferTried, Expr::value(include_tried))
+            .col_expr(
+                lead::Column::SetAsideReason,
+                Expr::value(Option::<String>::None),
+            )
+            .col_expr(lead::Column::RouteFailures, Expr::value(0))
+            .col_expr(
+                lead::Column::RouteAfter,
+                Expr::value(Option::<chrono::DateTime<Utc>>::None),
+            )
             .exec(&self.db)
             .await?
             .rows_affected;
         self.after_change(
             lead_id,
             changed,
-            "only an unsold or unknown lead can be rerouted",
+            "only an unsold or unknown lead, or one set aside, can be rerouted",
         )
         .await
     }
@@ -160,7 +177,7 @@ impl Store {
                 .column(attempt::Column::Id)
                 .filter(attempt::Column::LeadId.eq(lead_id))
                 .filter(attempt::Column::BuyerId.eq(settlement.buyer_id))
-                .filter(attempt::Column::Kind.eq("post"))
+                .filter(attempt::Column::Kind.eq(AttemptKind::POST.as_str()))
                 .order_by_desc(attempt::Column::StartedAt)
                 .into_tuple()
                 .one(&txn)
@@ -215,6 +232,23 @@ impl Store {
                 .after_change(lead_id, 0, "only a sold lead can be returned")
                 .await;
         }
+        let returned = sale::Entity::find()
+            .filter(sale::Column::LeadId.eq(lead_id))
+            .filter(sale::Column::ReturnedAt.is_null())
+            .all(&txn)
+            .await?;
+        for sale in &returned {
+            // The post took its slots when it started.
+            let posted_at = match &sale.attempt_id {
+                Some(post) => attempt::Entity::find_by_id(post.clone())
+                    .one(&txn)
+                    .await?
+                    .map(|post| post.started_at),
+                None => None,
+            };
+            let slots = caps::slots_at(&sale.buyer_id, posted_at.unwrap_or(sale.sold_at));
+            caps::release(&txn, &slots).await?;
+        }
         sale::Entity::update_many()
             .col_expr(sale::Column::ReturnedAt, Expr::value(now))
             .col_expr(sale::Column::ReturnReason, Expr::value(reason))
@@ -224,25 +258,6 @@ impl Store {
             .await?;
         txn.commit().await?;
         self.after_change(lead_id, 1, "").await
-    }
-
-    /// Holds a lead in `state` for an operator's retry: it moves to
-    /// `routing` under `owner`'s lease, so no waterfall takes it meanwhile.
-    /// False when its state changed. `settle_leads` ends the hold.
-    pub async fn hold_lead(
-        &self,
-        lead_id: &str,
-        state: &str,
-        owner: &str,
-        lease: std::time::Duration,
-    ) -> Result<bool, DbErr> {
-        let held = transition(lead_id, &[state], LeadState::Routing.as_str())
-            .col_expr(lead::Column::LeaseOwner, Expr::value(owner))
-            .col_expr(lead::Column::LeaseUntil, Expr::value(lease_end(lease)))
-            .exec(&self.db)
-            .await?
-            .rows_affected;
-        Ok(held == 1)
     }
 
     pub async fn find_attempt(&self, attempt_id: &str) -> Result<Option<attempt::Model>, DbErr> {

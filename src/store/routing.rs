@@ -1,6 +1,7 @@
-//! Routing's rows: claiming a lead under a lease, attempts written before
-//! each call and completed after it, the one sale per lead, alerts, and the
-//! counts the buyers endpoint shows.
+//! Routing's rows: claiming a lead under a lease and a fencing token,
+//! attempts written before each call and completed after it, the one door
+//! for a sale, letting leads go (final, backoff, set aside), requeueing for
+//! a recovered buyer, alerts, and the counts the buyers endpoint shows.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -10,38 +11,56 @@ use entity::{alert, attempt, lead, sale};
 use sea_orm::sea_query::Expr;
 use sea_orm::sea_query::{LockBehavior, LockType};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, DbErr, EntityTrait, PaginatorTrait, QueryFilter,
-    QueryOrder, QuerySelect, QueryTrait, SqlErr, TransactionTrait,
+    ActiveValue::Set, ColumnTrait, Condition, DbErr, EntityTrait, ExprTrait, QueryFilter,
+    QueryOrder, QuerySelect, QueryTrait, TransactionTrait,
 };
 use serde_json::Value;
 
-use super::attempt_writer::AttemptWrite;
+use super::attempt_writer::{insert_sale, mark_sold, AttemptWrite, Fence, Written};
+use super::caps::CapSlot;
 use super::operations::new_sale;
 use super::Store;
-use crate::domain::{new_id, LeadState};
+use crate::domain::{
+    new_id, AttemptKind, AttemptOutcome, CallOutcome, LeadState, SkipReason, INTERRUPTED,
+};
 
 /// An attempt about to be made (a call), or a skip.
 #[derive(Debug, Clone)]
 pub struct NewAttempt {
     pub lead_id: String,
     pub buyer_id: String,
-    pub kind: String,
+    pub kind: AttemptKind,
     pub request: Value,
     pub snapshot: Value,
     pub retry_of: Option<String>,
     pub instance_id: String,
+    /// The claim the lead is held under: the row is written only while it holds.
+    pub claim_token: String,
+    /// For a post: the cap slots it takes (see `store::caps`).
+    pub caps: Vec<CapSlot>,
 }
 
-/// How an attempt ended.
+/// How a call ended.
 #[derive(Debug, Clone)]
 pub struct AttemptEnd {
-    pub outcome: String,
+    pub outcome: CallOutcome,
     pub reason: Option<String>,
     pub http_status: Option<u16>,
     pub duration: Duration,
     pub response_body: Option<String>,
     pub bid: Option<f64>,
     pub ping_id: Option<String>,
+}
+
+/// What became of writing a call's row before the call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Begun {
+    /// Written: make the call.
+    Call(String),
+    /// The lead's claim is gone: no call.
+    Fenced,
+    /// A cap is full: written as a `capped` skip, no call.
+    Capped,
 }
 
 /// Outcome counts of one buyer's attempts.
@@ -54,23 +73,67 @@ pub struct OutcomeCounts {
     pub skipped: u64,
 }
 
-fn attempt_row(
-    id: &str,
-    new: NewAttempt,
-    outcome: &str,
-    reason: Option<&str>,
-) -> attempt::ActiveModel {
+/// Leads just claimed, and the token that fences every write made for them.
+#[derive(Debug, Clone, Default)]
+pub struct Claimed {
+    pub token: String,
+    pub lead_ids: Vec<String>,
+}
+
+/// How a held lead is let go.
+#[derive(Debug, Clone)]
+pub struct HeldLead {
+    pub lead_id: String,
+    pub token: String,
+    pub end: LeadEnd,
+}
+
+#[derive(Debug, Clone)]
+pub enum LeadEnd {
+    /// A final state, or `received` to be routed again at once.
+    State(LeadState),
+    /// Routing failed on our side: back to `received` after a backoff, or
+    /// set aside for an operator once `failures_before + 1` reaches the limit.
+    Failed {
+        reason: String,
+        failures_before: u32,
+    },
+}
+
+/// Routing failures allowed per lead, and the first backoff (it doubles).
+#[derive(Debug, Clone, Copy)]
+pub struct FailurePolicy {
+    pub limit: u32,
+    pub backoff: Duration,
+}
+
+/// The longest backoff between two routings of a failing lead.
+const MAX_FAILURE_BACKOFF: Duration = Duration::from_secs(3600);
+
+impl FailurePolicy {
+    fn backoff_after(&self, failures: u32) -> chrono::Duration {
+        let factor = 2u32.saturating_pow(Ord::min(failures.saturating_sub(1), 20));
+        let wait = self.backoff.saturating_mul(factor).min(MAX_FAILURE_BACKOFF);
+        chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX)
+    }
+}
+
+fn attempt_row(id: &str, new: NewAttempt, outcome: AttemptOutcome) -> attempt::ActiveModel {
+    let skip = match outcome {
+        AttemptOutcome::Skip(reason) => Some(reason),
+        _ => None,
+    };
     attempt::ActiveModel {
         id: Set(id.to_string()),
         lead_id: Set(new.lead_id),
         buyer_id: Set(new.buyer_id),
-        kind: Set(new.kind),
-        outcome: Set(outcome.to_string()),
-        reason: Set(reason.map(str::to_string)),
+        kind: Set(new.kind.as_str().into()),
+        outcome: Set(outcome.as_str().into()),
+        reason: Set(skip.map(|reason| reason.as_str().into())),
         http_status: Set(None),
         started_at: Set(Utc::now()),
         // A skip is over the moment it is written; a call is timed later.
-        duration_ms: Set((outcome == "skipped").then_some(0)),
+        duration_ms: Set(skip.map(|_| 0)),
         retry_of: Set(new.retry_of),
         request: Set(new.request),
         response_body: Set(None),
@@ -81,10 +144,20 @@ fn attempt_row(
     }
 }
 
-/// Leads in `received`, or in `routing` with a lease that ran out by `now`.
+/// Leads in `received` (not set aside, past any backoff), or in `routing`
+/// with a lease that ran out by `now`.
 fn waiting_to_be_routed(now: DateTime<Utc>) -> Condition {
     Condition::any()
-        .add(lead::Column::State.eq(LeadState::Received.as_str()))
+        .add(
+            Condition::all()
+                .add(lead::Column::State.eq(LeadState::Received.as_str()))
+                .add(lead::Column::SetAsideReason.is_null())
+                .add(
+                    Condition::any()
+                        .add(lead::Column::RouteAfter.is_null())
+                        .add(lead::Column::RouteAfter.lte(now)),
+                ),
+        )
         .add(
             Condition::all()
                 .add(lead::Column::State.eq(LeadState::Routing.as_str()))
@@ -92,14 +165,13 @@ fn waiting_to_be_routed(now: DateTime<Utc>) -> Condition {
         )
 }
 
-/// `UPDATE leads SET state = 'routing', lease… WHERE id IN (SELECT id …
-/// waiting … ORDER BY received_at LIMIT n FOR UPDATE SKIP LOCKED) AND
-/// waiting` (the lock clause is left out on SQLite).
+/// `UPDATE leads SET state = 'routing', lease…, claim_token WHERE id IN
+/// (SELECT id … waiting … ORDER BY received_at LIMIT n FOR UPDATE SKIP
+/// LOCKED) AND waiting` (the lock clause is left out on SQLite).
 fn claim_statement(
     pick: sea_orm::Select<lead::Entity>,
     limit: u64,
-    owner: &str,
-    until: DateTime<Utc>,
+    holder: &Holder<'_>,
     now: DateTime<Utc>,
 ) -> sea_orm::UpdateMany<lead::Entity> {
     let candidates = pick
@@ -110,33 +182,67 @@ fn claim_statement(
         .limit(limit)
         .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
         .into_query();
-    lead::Entity::update_many()
-        .col_expr(
-            lead::Column::State,
-            Expr::value(LeadState::Routing.as_str()),
-        )
-        .col_expr(lead::Column::LeaseOwner, Expr::value(owner))
-        .col_expr(lead::Column::LeaseUntil, Expr::value(until))
-        .col_expr(lead::Column::UpdatedAt, Expr::value(now))
+    held_by(lead::Entity::update_many(), holder, now)
         .filter(lead::Column::Id.in_subquery(candidates))
         .filter(waiting_to_be_routed(now))
 }
 
-pub(super) fn lease_end(lease: Duration) -> DateTime<Utc> {
+/// Who takes leads, under which token, until when.
+struct Holder<'a> {
+    owner: &'a str,
+    token: String,
+    until: DateTime<Utc>,
+}
+
+impl<'a> Holder<'a> {
+    fn new(owner: &'a str, lease: Duration) -> Self {
+        Self {
+            owner,
+            token: new_id(),
+            until: lease_end(lease),
+        }
+    }
+}
+
+fn held_by(
+    update: sea_orm::UpdateMany<lead::Entity>,
+    holder: &Holder<'_>,
+    now: DateTime<Utc>,
+) -> sea_orm::UpdateMany<lead::Entity> {
+    update
+        .col_expr(
+            lead::Column::State,
+            Expr::value(LeadState::Routing.as_str()),
+        )
+        .col_expr(lead::Column::LeaseOwner, Expr::value(holder.owner))
+        .col_expr(lead::Column::LeaseUntil, Expr::value(holder.until))
+        .col_expr(lead::Column::ClaimToken, Expr::value(holder.token.as_str()))
+        .col_expr(lead::Column::UpdatedAt, Expr::value(now))
+}
+
+fn lease_end(lease: Duration) -> DateTime<Utc> {
     Utc::now() + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX)
 }
 
+/// Retryable outcomes as stored.
+fn retryable_outcomes() -> [&'static str; 3] {
+    AttemptOutcome::RETRYABLE.map(AttemptOutcome::as_str)
+}
+
+/// Leads requeued per statement when a buyer recovers.
+const REQUEUE_PAGE: u64 = 1000;
+
 impl Store {
     /// Takes these leads for routing where they wait (or their lease ran
-    /// out). Returns the ids now held by `owner`.
+    /// out). Returns the ids now held by `owner` and their token.
     pub async fn claim_leads(
         &self,
         lead_ids: &[String],
         owner: &str,
         lease: Duration,
-    ) -> Result<Vec<String>, DbErr> {
+    ) -> Result<Claimed, DbErr> {
         if lead_ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Claimed::default());
         }
         let ids = lead_ids.iter().map(String::as_str);
         let pick = lead::Entity::find().filter(lead::Column::Id.is_in(ids));
@@ -150,7 +256,7 @@ impl Store {
         limit: u64,
         owner: &str,
         lease: Duration,
-    ) -> Result<Vec<String>, DbErr> {
+    ) -> Result<Claimed, DbErr> {
         self.claim(lead::Entity::find(), limit, owner, lease).await
     }
 
@@ -159,46 +265,63 @@ impl Store {
     /// other's rows instead of queueing on them; on SQLite (one writer at a
     /// time, and sea-query drops the lock clause) the conditional UPDATE is
     /// atomic by itself. Either way the UPDATE re-checks that each lead is
-    /// still waiting, and we read back what carries our owner and lease end.
+    /// still waiting, and we read back what carries our fresh token.
     async fn claim(
         &self,
         pick: sea_orm::Select<lead::Entity>,
         limit: u64,
         owner: &str,
         lease: Duration,
-    ) -> Result<Vec<String>, DbErr> {
-        let now = Utc::now();
-        let until = lease_end(lease);
-        claim_statement(pick, limit, owner, until, now)
+    ) -> Result<Claimed, DbErr> {
+        let holder = Holder::new(owner, lease);
+        claim_statement(pick, limit, &holder, Utc::now())
             .exec(&self.db)
             .await?;
-        lead::Entity::find()
+        let lead_ids = lead::Entity::find()
             .select_only()
             .column(lead::Column::Id)
-            .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
-            .filter(lead::Column::LeaseOwner.eq(owner))
-            .filter(lead::Column::LeaseUntil.eq(until))
+            .filter(lead::Column::ClaimToken.eq(holder.token.as_str()))
             .into_tuple()
             .all(&self.db)
-            .await
+            .await?;
+        Ok(Claimed {
+            token: holder.token,
+            lead_ids,
+        })
     }
 
-    /// Extends our leases on the leads we are routing (a heartbeat, so a
-    /// lease can be shorter than a buyer's timeouts). Returns how many we
-    /// still hold.
-    pub async fn renew_leases(
+    /// Holds a settled lead (in `from`) for an operator's retry, as a claim
+    /// like any other; the token, or `None` when its state changed.
+    pub async fn claim_settled(
         &self,
-        lead_ids: &[String],
+        lead_id: &str,
+        from: LeadState,
         owner: &str,
         lease: Duration,
-    ) -> Result<u64, DbErr> {
+    ) -> Result<Option<String>, DbErr> {
+        let holder = Holder::new(owner, lease);
+        let held = held_by(lead::Entity::update_many(), &holder, Utc::now())
+            .filter(lead::Column::Id.eq(lead_id))
+            .filter(lead::Column::State.eq(from.as_str()))
+            .exec(&self.db)
+            .await?
+            .rows_affected;
+        Ok((held == 1).then_some(holder.token))
+    }
+
+    /// Extends the leases of the claims behind these tokens (a heartbeat,
+    /// so a lease can be shorter than a buyer's timeouts), only where the
+    /// claim is still current and its lease has not run out: after a cut
+    /// longer than the lease another instance may hold the lead. Returns
+    /// how many leads are still held.
+    pub async fn renew_leases(&self, tokens: &[String], lease: Duration) -> Result<u64, DbErr> {
         let mut held = 0;
-        for chunk in lead_ids.chunks(500) {
+        for chunk in tokens.chunks(500) {
             held += lead::Entity::update_many()
                 .col_expr(lead::Column::LeaseUntil, Expr::value(lease_end(lease)))
-                .filter(lead::Column::Id.is_in(chunk.iter().map(String::as_str)))
+                .filter(lead::Column::ClaimToken.is_in(chunk.iter().map(String::as_str)))
                 .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
-                .filter(lead::Column::LeaseOwner.eq(owner))
+                .filter(lead::Column::LeaseUntil.gt(Utc::now()))
                 .exec(&self.db)
                 .await?
                 .rows_affected;
@@ -212,59 +335,42 @@ impl Store {
     /// call an `error` (abandoned; the waterfall goes on). Reason
     /// `interrupted`. Returns (posts, other calls) settled.
     pub async fn settle_interrupted_attempts(&self, lead_id: &str) -> Result<(u64, u64), DbErr> {
-        let settle = |posts: bool, outcome: &'static str| {
+        let settle = |posts: bool, outcome: CallOutcome| {
+            let post = AttemptKind::POST.as_str();
             let kind = if posts {
-                attempt::Column::Kind.eq("post")
+                attempt::Column::Kind.eq(post)
             } else {
-                attempt::Column::Kind.ne("post")
+                attempt::Column::Kind.ne(post)
             };
             attempt::Entity::update_many()
-                .col_expr(attempt::Column::Outcome, Expr::value(outcome))
-                .col_expr(attempt::Column::Reason, Expr::value("interrupted"))
+                .col_expr(
+                    attempt::Column::Outcome,
+                    Expr::value(AttemptOutcome::Call(outcome).as_str()),
+                )
+                .col_expr(attempt::Column::Reason, Expr::value(INTERRUPTED))
                 .filter(attempt::Column::LeadId.eq(lead_id))
-                .filter(attempt::Column::Outcome.eq("in_flight"))
+                .filter(attempt::Column::Outcome.eq(AttemptOutcome::InFlight.as_str()))
                 .filter(kind)
                 .exec(&self.db)
         };
-        let posts = settle(true, "timeout").await?.rows_affected;
-        let others = settle(false, "error").await?.rows_affected;
+        let posts = settle(true, CallOutcome::Timeout).await?.rows_affected;
+        let others = settle(false, CallOutcome::Error).await?.rows_affected;
         Ok((posts, others))
     }
 
-    /// Whether we still hold the lead's lease (a read: the router's
-    /// heartbeat extends it).
-    pub async fn holds_lease(&self, lead_id: &str, owner: &str) -> Result<bool, DbErr> {
-        let held = lead::Entity::find()
-            .filter(lead::Column::Id.eq(lead_id))
-            .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
-            .filter(lead::Column::LeaseOwner.eq(owner))
-            .filter(lead::Column::LeaseUntil.gt(Utc::now()))
-            .count(&self.db)
-            .await?;
-        Ok(held == 1)
-    }
-
-    /// Puts leads we hold into their final states and releases their
-    /// leases: one UPDATE per state, in one transaction. Returns how many
-    /// leads were settled (a lead whose lease another instance took is not).
+    /// Lets go of held leads: final states (one UPDATE per state), and
+    /// failed routings (backoff, or set aside past the limit), in one
+    /// transaction, each only while its claim is current. Returns how many
+    /// were let go and the ids set aside.
     pub async fn settle_leads(
         &self,
-        owner: &str,
-        settled: &[(String, LeadState)],
-    ) -> Result<u64, DbErr> {
+        held: &[HeldLead],
+        policy: FailurePolicy,
+    ) -> Result<(u64, Vec<String>), DbErr> {
         let txn = self.db.begin().await?;
-        let mut changed = 0;
-        for state in LeadState::ALL {
-            let ids: Vec<&str> = settled
-                .iter()
-                .filter(|(_, final_state)| *final_state == state)
-                .map(|(id, _)| id.as_str())
-                .collect();
-            if ids.is_empty() {
-                continue;
-            }
-            changed += lead::Entity::update_many()
-                .col_expr(lead::Column::State, Expr::value(state.as_str()))
+        let now = Utc::now();
+        let release = |update: sea_orm::UpdateMany<lead::Entity>| {
+            update
                 .col_expr(
                     lead::Column::LeaseOwner,
                     Expr::value(Option::<String>::None),
@@ -273,136 +379,235 @@ impl Store {
                     lead::Column::LeaseUntil,
                     Expr::value(Option::<DateTime<Utc>>::None),
                 )
-                .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
-                .filter(lead::Column::Id.is_in(ids))
+                .col_expr(
+                    lead::Column::ClaimToken,
+                    Expr::value(Option::<String>::None),
+                )
+                .col_expr(lead::Column::UpdatedAt, Expr::value(now))
                 .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
-                .filter(lead::Column::LeaseOwner.eq(owner))
+        };
+        let mut changed = 0;
+        for state in LeadState::ALL {
+            let settled: Vec<&HeldLead> = held
+                .iter()
+                .filter(|lead| matches!(lead.end, LeadEnd::State(to) if to == state))
+                .collect();
+            if settled.is_empty() {
+                continue;
+            }
+            changed += release(lead::Entity::update_many())
+                .col_expr(lead::Column::State, Expr::value(state.as_str()))
+                .filter(lead::Column::Id.is_in(settled.iter().map(|lead| lead.lead_id.as_str())))
+                .filter(
+                    lead::Column::ClaimToken.is_in(settled.iter().map(|lead| lead.token.as_str())),
+                )
                 .exec(&txn)
                 .await?
                 .rows_affected;
         }
+        let mut set_aside = Vec::new();
+        for lead in held {
+            let LeadEnd::Failed {
+                reason,
+                failures_before,
+            } = &lead.end
+            else {
+                continue;
+            };
+            let failures = failures_before + 1;
+            let mut update = release(lead::Entity::update_many())
+                .col_expr(
+                    lead::Column::State,
+                    Expr::value(LeadState::Received.as_str()),
+                )
+                .col_expr(lead::Column::RouteFailures, Expr::value(failures as i32));
+            let aside = failures >= policy.limit;
+            update = if aside {
+                update.col_expr(lead::Column::SetAsideReason, Expr::value(reason.as_str()))
+            } else {
+                let after = now + policy.backoff_after(failures);
+                update.col_expr(lead::Column::RouteAfter, Expr::value(after))
+            };
+            let let_go = update
+                .filter(lead::Column::Id.eq(lead.lead_id.as_str()))
+                .filter(lead::Column::ClaimToken.eq(lead.token.as_str()))
+                .exec(&txn)
+                .await?
+                .rows_affected;
+            changed += let_go;
+            if aside && let_go == 1 {
+                set_aside.push(lead.lead_id.clone());
+            }
+        }
         txn.commit().await?;
-        Ok(changed)
+        Ok((changed, set_aside))
     }
 
-    /// Puts back to `received` the unsold leads (arrived after `since`) that
-    /// this buyer skipped for its circuit or load, or failed with an error.
-    /// Leads an operator rerouted or that were returned are left to the
-    /// operator. Returns how many were requeued.
-    pub async fn requeue_unsold_for(
+    /// Puts back to `received` the unsold leads (arrived after `since`,
+    /// not rerouted or returned: those are the operator's) whose every
+    /// attempt at this buyer was retryable (an error, or skipped for its
+    /// circuit or load) and made before `answered_at`, when the buyer was
+    /// seen answering again. A page at a time, all of them, or at most
+    /// `limit` (probes). Returns how many were requeued.
+    pub async fn requeue_for_buyer(
         &self,
         buyer_id: &str,
         since: DateTime<Utc>,
-        limit: u64,
+        answered_at: DateTime<Utc>,
+        limit: Option<u64>,
     ) -> Result<u64, DbErr> {
-        let retryable = Condition::any()
-            .add(attempt::Column::Outcome.eq("error"))
-            .add(
-                Condition::all()
-                    .add(attempt::Column::Outcome.eq("skipped"))
-                    .add(attempt::Column::Reason.is_in(["circuit_open", "busy"])),
-            );
-        let candidates: Vec<String> = attempt::Entity::find()
-            .select_only()
-            .column(attempt::Column::LeadId)
-            .distinct()
-            .filter(attempt::Column::BuyerId.eq(buyer_id))
-            .filter(retryable)
-            .filter(attempt::Column::StartedAt.gte(since))
-            .into_tuple()
-            .all(&self.db)
-            .await?;
+        let at_buyer = |outcomes: Condition| {
+            attempt::Entity::find()
+                .select_only()
+                .column(attempt::Column::Id)
+                .filter(
+                    Expr::col((attempt::Entity, attempt::Column::LeadId))
+                        .equals((lead::Entity, lead::Column::Id)),
+                )
+                .filter(attempt::Column::BuyerId.eq(buyer_id))
+                .filter(outcomes)
+                .into_query()
+        };
+        let retryable = Condition::all().add(attempt::Column::Outcome.is_in(retryable_outcomes()));
+        let final_or_later = Condition::any()
+            .add(attempt::Column::Outcome.is_not_in(retryable_outcomes()))
+            .add(attempt::Column::StartedAt.gte(answered_at));
         let mut requeued = 0;
-        for chunk in candidates.chunks(500) {
-            if requeued >= limit {
+        loop {
+            let page = limit.map_or(REQUEUE_PAGE, |limit| {
+                std::cmp::min(limit - requeued, REQUEUE_PAGE)
+            });
+            if page == 0 {
                 break;
             }
-            let ids: Vec<String> = lead::Entity::find()
+            let candidates = lead::Entity::find()
                 .select_only()
                 .column(lead::Column::Id)
-                .filter(lead::Column::Id.is_in(chunk.iter().map(String::as_str)))
                 .filter(lead::Column::State.eq(LeadState::Unsold.as_str()))
                 .filter(lead::Column::ReceivedAt.gte(since))
                 .filter(lead::Column::HistoryFrom.is_null())
+                .filter(Expr::exists(at_buyer(retryable.clone())))
+                .filter(Expr::exists(at_buyer(final_or_later.clone())).not())
                 .order_by_asc(lead::Column::ReceivedAt)
-                .limit(limit - requeued)
-                .into_tuple()
-                .all(&self.db)
-                .await?;
-            let result = lead::Entity::update_many()
+                .limit(page)
+                .into_query();
+            let moved = lead::Entity::update_many()
                 .col_expr(
                     lead::Column::State,
                     Expr::value(LeadState::Received.as_str()),
                 )
                 .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
-                .filter(lead::Column::Id.is_in(ids.iter().map(String::as_str)))
+                .filter(lead::Column::Id.in_subquery(candidates))
                 .filter(lead::Column::State.eq(LeadState::Unsold.as_str()))
                 .exec(&self.db)
-                .await?;
-            requeued += result.rows_affected;
+                .await?
+                .rows_affected;
+            requeued += moved;
+            if moved < page {
+                break;
+            }
         }
         Ok(requeued)
     }
 
-    /// Writes an attempt row as `in_flight`, before the call is made.
-    pub async fn begin_attempt(&self, new: NewAttempt) -> Result<String, DbErr> {
+    /// Writes a call's row as `in_flight`, before the call is made, while
+    /// the lead's claim holds and (a post) with its cap slots reserved.
+    pub async fn begin_attempt(&self, new: NewAttempt) -> Result<Begun, DbErr> {
         let id = new_id();
-        let row = attempt_row(&id, new, "in_flight", None);
-        self.attempts
-            .write(AttemptWrite::Insert(Box::new(row)))
+        let (fence, caps) = fence_of(&new);
+        let row = attempt_row(&id, new, AttemptOutcome::InFlight);
+        let written = self
+            .attempts
+            .write(AttemptWrite::Insert {
+                row: Box::new(row),
+                fence,
+                caps,
+            })
             .await?;
-        Ok(id)
+        Ok(match written {
+            Written::Fenced => Begun::Fenced,
+            Written::Capped => Begun::Capped,
+            _ => Begun::Call(id),
+        })
     }
 
-    /// Completes an attempt row with what happened.
-    pub async fn finish_attempt(&self, attempt_id: &str, end: AttemptEnd) -> Result<(), DbErr> {
+    /// Completes a call's row with what happened (`Stale` when recovery
+    /// settled it meanwhile); `release` gives a post's cap slots back.
+    pub async fn finish_attempt(
+        &self,
+        attempt_id: &str,
+        end: AttemptEnd,
+        release: Vec<CapSlot>,
+    ) -> Result<Written, DbErr> {
         let id = attempt_id.to_string();
-        self.attempts.write(AttemptWrite::Finish { id, end }).await
-    }
-
-    /// A skip: an attempt row of kind `skip` with no call behind it,
-    /// written whole in one statement.
-    pub async fn record_skip(&self, new: NewAttempt, reason: &str) -> Result<(), DbErr> {
-        let new = NewAttempt {
-            kind: "skip".into(),
-            ..new
-        };
-        let row = attempt_row(&new_id(), new, "skipped", Some(reason));
         self.attempts
-            .write(AttemptWrite::Insert(Box::new(row)))
+            .write(AttemptWrite::Finish { id, end, release })
             .await
     }
 
-    /// Records the sale; false when the lead was already sold (the unique
-    /// index on `sales.lead_id`, among sales not returned, makes a second
-    /// sale impossible).
-    pub async fn record_sale(
+    /// The one door for a sale made by a call: the accepted post's answer,
+    /// its sale row and the lead's `sold`, in one commit. `AlreadySold`
+    /// when the lead had a sale (the unique index), `Stale` when recovery
+    /// had settled the post as interrupted (nothing written then).
+    pub async fn sell(
         &self,
-        lead_id: &str,
-        buyer_id: &str,
-        attempt_id: Option<&str>,
-        price: Option<f64>,
-    ) -> Result<bool, DbErr> {
-        let sale = new_sale(lead_id, buyer_id, attempt_id.map(str::to_string), price);
-        let inserted = sale::Entity::insert(sale)
-            .exec_without_returning(&self.db)
-            .await;
-        match inserted {
-            Ok(_) => Ok(true),
-            Err(error) if matches!(error.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) => {
-                Ok(false)
-            }
-            Err(error) => Err(error),
-        }
+        attempt_id: &str,
+        end: AttemptEnd,
+        sale: SaleOf<'_>,
+    ) -> Result<Written, DbErr> {
+        let row = new_sale(
+            sale.lead_id,
+            sale.buyer_id,
+            Some(attempt_id.to_string()),
+            sale.price,
+        );
+        self.attempts
+            .write(AttemptWrite::Sell {
+                id: attempt_id.to_string(),
+                end,
+                lead_id: sale.lead_id.to_string(),
+                sale: Box::new(row),
+            })
+            .await
     }
 
-    /// Sales to a buyer since `since` (for caps), returns not counted.
-    pub async fn sales_since(&self, buyer_id: &str, since: DateTime<Utc>) -> Result<u64, DbErr> {
-        sale::Entity::find()
-            .filter(sale::Column::BuyerId.eq(buyer_id))
-            .filter(sale::Column::SoldAt.gte(since))
-            .filter(sale::Column::ReturnedAt.is_null())
-            .count(&self.db)
+    /// A post whose acceptance is in the lead's history but whose sale
+    /// never got written (its commit failed): the sale and `sold` now.
+    /// False when the lead had a sale already.
+    pub async fn sell_from_history(
+        &self,
+        attempt_id: &str,
+        sale: SaleOf<'_>,
+    ) -> Result<bool, DbErr> {
+        let txn = self.db.begin().await?;
+        let row = new_sale(
+            sale.lead_id,
+            sale.buyer_id,
+            Some(attempt_id.to_string()),
+            sale.price,
+        );
+        let sold = insert_sale(&txn, row).await?;
+        mark_sold(&txn, sale.lead_id).await?;
+        txn.commit().await?;
+        Ok(sold)
+    }
+
+    /// A skip: an attempt row of kind `skip` whose outcome is the reason,
+    /// written whole in one statement while the claim holds.
+    pub async fn record_skip(&self, new: NewAttempt, reason: SkipReason) -> Result<Written, DbErr> {
+        let new = NewAttempt {
+            kind: AttemptKind::Skip,
+            caps: Vec::new(),
+            ..new
+        };
+        let (fence, caps) = fence_of(&new);
+        let row = attempt_row(&new_id(), new, AttemptOutcome::Skip(reason));
+        self.attempts
+            .write(AttemptWrite::Insert {
+                row: Box::new(row),
+                fence,
+                caps,
+            })
             .await
     }
 
@@ -447,13 +652,13 @@ impl Store {
         for (buyer, outcome, count) in rows {
             let entry = counts.entry(buyer).or_default();
             let count = count as u64;
-            match outcome.as_str() {
-                "accepted" => entry.accepted += count,
-                "rejected" => entry.rejected += count,
-                "error" => entry.error += count,
-                "timeout" => entry.timeout += count,
-                "skipped" => entry.skipped += count,
-                _ => {}
+            match AttemptOutcome::parse(&outcome) {
+                Some(AttemptOutcome::Call(CallOutcome::Accepted)) => entry.accepted += count,
+                Some(AttemptOutcome::Call(CallOutcome::Rejected)) => entry.rejected += count,
+                Some(AttemptOutcome::Call(CallOutcome::Error)) => entry.error += count,
+                Some(AttemptOutcome::Call(CallOutcome::Timeout)) => entry.timeout += count,
+                Some(AttemptOutcome::Skip(_)) => entry.skipped += count,
+                Some(AttemptOutcome::InFlight) | None => {}
             }
         }
         Ok(counts)
@@ -483,6 +688,21 @@ impl Store {
     }
 }
 
+/// The sale a call or a history makes.
+pub struct SaleOf<'a> {
+    pub lead_id: &'a str,
+    pub buyer_id: &'a str,
+    pub price: Option<f64>,
+}
+
+fn fence_of(new: &NewAttempt) -> (Fence, Vec<CapSlot>) {
+    let fence = Fence {
+        lead_id: new.lead_id.clone(),
+        token: new.claim_token.clone(),
+    };
+    (fence, new.caps.clone())
+}
+
 #[cfg(test)]
 mod tests {
     use sea_orm::{DbBackend, QueryTrait};
@@ -492,7 +712,8 @@ mod tests {
     #[test]
     fn postgres_claims_skip_locked_rows_and_sqlite_relies_on_its_single_writer() {
         let claim = |backend| {
-            claim_statement(lead::Entity::find(), 10, "me", Utc::now(), Utc::now())
+            let holder = Holder::new("me", Duration::from_secs(60));
+            claim_statement(lead::Entity::find(), 10, &holder, Utc::now())
                 .build(backend)
                 .to_string()
         };

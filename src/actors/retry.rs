@@ -1,0 +1,236 @@
+//! An operator's retry (`POST /v1/attempts/{id}/retry`), owned by the
+//! `Router` so that the caller going away changes nothing: the lead (unsold
+//! or unknown) is held under a claim like a walk, the attempt's snapshot is
+//! replayed through the buyer's actor as a new row with `retry_of`, and the
+//! call follows the routing table: an accepted post is the sale (committed
+//! with its answer, never a second one), a timed-out post leaves the lead
+//! `unknown` with an alert, an answer that could not be recorded leaves the
+//! lead to be routed again from its history.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use entity::{attempt, lead};
+
+use super::buyer::{OfferLead, Retry};
+use super::directory::BuyerHandle;
+use super::waterfall::RoutingContext;
+use crate::alerts::AlertKind;
+use crate::buyer::recorded_call::Offered;
+use crate::buyer::request::{LeadOffer, PingResult};
+use crate::config::{buyer_from_snapshot, BuyerSettings};
+use crate::domain::{AttemptKind, AttemptOutcome, CallKind, CallOutcome, LeadState};
+use crate::store::{HeldLead, LeadEnd};
+
+/// Replay this attempt; answers the new attempt row.
+#[derive(Message)]
+#[rtype(result = "Result<attempt::Model, RetryError>")]
+pub struct RetryAttempt {
+    pub attempt_id: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RetryError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<sea_orm::DbErr> for RetryError {
+    fn from(error: sea_orm::DbErr) -> Self {
+        Self::Unavailable(format!("database: {error}"))
+    }
+}
+
+/// A lead held for a retry.
+pub struct Held {
+    lead: lead::Model,
+    original: attempt::Model,
+    kind: CallKind,
+    buyer: BuyerHandle,
+    settings: BuyerSettings,
+    token: String,
+    /// The state the lead goes back to when the retry decides nothing.
+    previous: LeadState,
+}
+
+impl Held {
+    pub fn lead_id(&self) -> &str {
+        &self.lead.id
+    }
+
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+}
+
+/// Checks the attempt can be retried and holds its lead.
+pub async fn hold(routing: &RoutingContext, attempt_id: &str) -> Result<Held, RetryError> {
+    let store = &routing.store;
+    let original = store
+        .find_attempt(attempt_id)
+        .await?
+        .ok_or_else(|| RetryError::NotFound(format!("attempt {attempt_id:?}")))?;
+    let kind = match AttemptKind::parse(&original.kind) {
+        Some(AttemptKind::Call(kind)) => kind,
+        _ => {
+            return Err(RetryError::Conflict(format!(
+                "a {} attempt cannot be retried, only pings and posts",
+                original.kind
+            )))
+        }
+    };
+    if AttemptOutcome::parse(&original.outcome) == Some(AttemptOutcome::InFlight) {
+        return Err(RetryError::Conflict(
+            "the attempt is still in flight".into(),
+        ));
+    }
+    let lead = store
+        .find_lead(&original.lead_id)
+        .await?
+        .ok_or_else(|| RetryError::NotFound(format!("lead {:?}", original.lead_id)))?;
+    let previous = match LeadState::parse(&lead.state) {
+        Some(settled @ (LeadState::Unsold | LeadState::Unknown)) => settled,
+        Some(LeadState::Sold) => {
+            return Err(RetryError::Conflict(
+                "the lead is already sold; a retry could sell it twice".into(),
+            ))
+        }
+        _ => {
+            return Err(RetryError::Conflict(format!(
+                "only the attempts of an unsold or unknown lead can be retried; this one is {}",
+                lead.state
+            )))
+        }
+    };
+    let settings = buyer_from_snapshot(&original.snapshot).map_err(|problems| {
+        let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        RetryError::Conflict(format!(
+            "the snapshot cannot be replayed: {}",
+            listed.join("; ")
+        ))
+    })?;
+    let buyer = routing.directory.get(&original.buyer_id).ok_or_else(|| {
+        RetryError::Conflict(format!(
+            "buyer {:?} is no longer configured",
+            original.buyer_id
+        ))
+    })?;
+    let owner = format!("{}:retry", routing.instance_id);
+    let token = store
+        .claim_settled(&lead.id, previous, &owner, routing.lease)
+        .await?
+        .ok_or_else(|| RetryError::Conflict("the lead changed meanwhile; try again".into()))?;
+    Ok(Held {
+        lead,
+        original,
+        kind,
+        buyer,
+        settings,
+        token,
+        previous,
+    })
+}
+
+/// Makes the retried call, lets the lead go, and answers the new row.
+pub async fn replay(routing: &RoutingContext, held: Held) -> Result<attempt::Model, RetryError> {
+    let store = &routing.store;
+    let lead_id = held.lead.id.clone();
+    let ping = match held.kind {
+        CallKind::Post => accepted_ping(routing, &lead_id, &held.original.buyer_id).await?,
+        CallKind::Ping => PingResult::default(),
+    };
+    let offered = held
+        .buyer
+        .addr
+        .send(OfferLead {
+            lead: Arc::new(LeadOffer::of(&held.lead)),
+            kind: held.kind,
+            ping,
+            instance_id: routing.instance_id.clone(),
+            claim_token: held.token.clone(),
+            retry: Some(Retry {
+                of: held.original.id.clone(),
+                settings: Arc::new(held.settings),
+            }),
+        })
+        .await;
+    let (end, failure) = match &offered {
+        Ok(Offered::Sold(_)) => (None, None),
+        Ok(Offered::Called(report))
+            if held.kind == CallKind::Post && report.outcome == CallOutcome::Timeout =>
+        {
+            let message = format!(
+                "retried post of lead {lead_id} to buyer {} got no answer in time: lead unknown, not re-sent",
+                held.original.buyer_id
+            );
+            routing
+                .alerts
+                .raise(
+                    AlertKind::PostTimeout,
+                    Some(&held.original.buyer_id),
+                    Some(&lead_id),
+                    &message,
+                )
+                .await;
+            (Some(LeadState::Unknown), None)
+        }
+        Ok(Offered::Called(_) | Offered::Skipped(_)) => (Some(held.previous), None),
+        // Its fate is in its history now: routed again, which settles it.
+        Ok(Offered::Unrecorded(_)) => (
+            Some(LeadState::Received),
+            Some("the buyer answered, but the answer could not be recorded".to_string()),
+        ),
+        Ok(Offered::NotRecorded | Offered::Fenced | Offered::Crashed) => (
+            Some(held.previous),
+            Some("the retry could not be recorded or the buyer actor crashed".to_string()),
+        ),
+        Err(error) => (Some(held.previous), Some(format!("buyer actor: {error}"))),
+    };
+    if let Some(state) = end {
+        let release = HeldLead {
+            lead_id: lead_id.clone(),
+            token: held.token,
+            end: LeadEnd::State(state),
+        };
+        store
+            .settle_leads(std::slice::from_ref(&release), routing.failures)
+            .await?;
+    }
+    if let Some(failure) = failure {
+        return Err(RetryError::Unavailable(failure));
+    }
+    store
+        .attempts_of(&lead_id)
+        .await?
+        .into_iter()
+        .rev()
+        .find(|attempt| attempt.retry_of.as_deref() == Some(held.original.id.as_str()))
+        .ok_or_else(|| RetryError::Unavailable("the retry left no attempt row".into()))
+}
+
+/// The ping this buyer accepted for the lead, for a retried post.
+async fn accepted_ping(
+    routing: &RoutingContext,
+    lead_id: &str,
+    buyer_id: &str,
+) -> Result<PingResult, RetryError> {
+    let accepted = Some(AttemptOutcome::Call(CallOutcome::Accepted));
+    let attempts = routing.store.attempts_of(lead_id).await?;
+    Ok(attempts
+        .into_iter()
+        .rev()
+        .find(|attempt| {
+            attempt.buyer_id == buyer_id
+                && AttemptKind::parse(&attempt.kind) == Some(AttemptKind::PING)
+                && AttemptOutcome::parse(&attempt.outcome) == accepted
+        })
+        .map(|ping| PingResult {
+            ping_id: ping.ping_id,
+            bid: ping.bid,
+        })
+        .unwrap_or_default())
+}

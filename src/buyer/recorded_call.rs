@@ -1,0 +1,221 @@
+//! One call as history: its attempt row first (under the lead's claim, a
+//! post with its cap slots), then the exchange, then the answer written
+//! onto the row, and for an accepted post its sale in the same commit (the
+//! one door for a sale, used by waterfalls and retries alike). An answer
+//! that cannot be written is reported as such: the walk must stop, since
+//! the call's fate is then only in the buyer's hands.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::accept::{number_at, text_at, AcceptCheck};
+use super::call::{exchange, Exchange};
+use super::request::{BuyerRequest, PingResult};
+use crate::config::BuyerSettings;
+use crate::domain::{CallKind, CallOutcome, SkipReason};
+use crate::metrics::Metrics;
+use crate::store::{AttemptEnd, Begun, CapSlot, NewAttempt, SaleOf, Store, Written};
+
+/// What became of an offer.
+#[derive(Debug, Clone)]
+pub enum Offered {
+    Skipped(SkipReason),
+    /// Answered, and the answer recorded.
+    Called(CallReport),
+    /// An accepted post, recorded with its sale: the lead is sold.
+    Sold(CallReport),
+    /// Answered, but the answer could not be recorded: what the buyer made
+    /// of it is unknown to us, so nothing more may be sent for this lead.
+    Unrecorded(CallReport),
+    /// The attempt row could not be written, so nothing was sent.
+    NotRecorded,
+    /// The lead's claim is gone (taken over, or the lease ran out): nothing sent.
+    Fenced,
+    /// The buyer actor crashed during the call (it is being restarted);
+    /// the attempt row, if written, stays `in_flight` for recovery.
+    Crashed,
+}
+
+#[derive(Debug, Clone)]
+pub struct CallReport {
+    pub attempt_id: String,
+    pub outcome: CallOutcome,
+    pub bid: Option<f64>,
+    pub ping_id: Option<String>,
+    pub took: Duration,
+}
+
+/// Everything one call needs, prepared by the buyer actor.
+pub struct CallPlan {
+    pub kind: CallKind,
+    pub settings: Arc<BuyerSettings>,
+    pub request: BuyerRequest,
+    pub timeout: Duration,
+    pub check: AcceptCheck,
+    pub attempt: NewAttempt,
+    /// The accepted ping's answer, for a post's price.
+    pub ping: PingResult,
+    pub client: awc::Client,
+    /// Fault injection for supervision tests: panic after the row is written.
+    pub inject_panic: bool,
+}
+
+/// The call: attempt row first, then the request, then the row's end.
+pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offered {
+    let CallPlan {
+        kind,
+        settings,
+        request,
+        timeout,
+        check,
+        mut attempt,
+        ping,
+        client,
+        inject_panic,
+    } = plan;
+    let lead_id = attempt.lead_id.clone();
+    if kind == CallKind::Post {
+        attempt.caps = CapSlot::for_post(&settings, chrono::Utc::now());
+    }
+    let slots = attempt.caps.clone();
+    let attempt_id = match store.begin_attempt(attempt).await {
+        Ok(Begun::Call(id)) => id,
+        Ok(Begun::Fenced) => return Offered::Fenced,
+        Ok(Begun::Capped) => {
+            metrics.attempt(&settings.id, "skip", SkipReason::Capped.as_str());
+            return Offered::Skipped(SkipReason::Capped);
+        }
+        Err(error) => {
+            tracing::error!(%error, %lead_id, buyer_id = %settings.id, "attempt not recorded; not calling");
+            return Offered::NotRecorded;
+        }
+    };
+    if inject_panic {
+        panic!("injected fault: buyer {} panics during a call", settings.id);
+    }
+    let span = tracing::info_span!("attempt", %lead_id, buyer_id = %settings.id, kind = kind.as_str(), %attempt_id);
+    let answer = exchange(&client, kind, &request, timeout, &check).await;
+    metrics.attempt(&settings.id, kind.as_str(), answer.outcome.as_str());
+    span.in_scope(|| {
+        tracing::info!(
+            outcome = answer.outcome.as_str(),
+            status = answer.http_status,
+            latency_ms = answer.duration.as_millis() as u64,
+            detail = answer.detail.as_deref(),
+            "buyer answered"
+        )
+    });
+    let report = report_of(&settings, kind, attempt_id, &answer);
+    let end = AttemptEnd {
+        outcome: answer.outcome,
+        reason: answer.detail.clone(),
+        http_status: answer.http_status,
+        duration: answer.duration,
+        response_body: answer.body.clone(),
+        bid: report.bid,
+        ping_id: report.ping_id.clone(),
+    };
+    let recorded = match (kind, answer.outcome) {
+        (CallKind::Post, CallOutcome::Accepted) => {
+            let price = sale_price(&settings, answer.body.as_deref(), ping.bid);
+            return sell(&store, report, end, &lead_id, &settings.id, price).await;
+        }
+        // A post that cannot have sold gives its cap slots back.
+        (CallKind::Post, CallOutcome::Rejected | CallOutcome::Error) => {
+            store.finish_attempt(&report.attempt_id, end, slots).await
+        }
+        _ => {
+            store
+                .finish_attempt(&report.attempt_id, end, Vec::new())
+                .await
+        }
+    };
+    match recorded {
+        Ok(Written::Done) => Offered::Called(report),
+        Ok(written) => {
+            tracing::warn!(%lead_id, ?written, "the answer was not recorded: recovery had settled the call");
+            Offered::Unrecorded(report)
+        }
+        Err(error) => {
+            tracing::error!(%error, %lead_id, "could not complete the attempt row");
+            Offered::Unrecorded(report)
+        }
+    }
+}
+
+/// Records an accepted post with its sale; if that commit fails, the
+/// acceptance alone, so that the lead's history sells it on recovery.
+async fn sell(
+    store: &Store,
+    report: CallReport,
+    end: AttemptEnd,
+    lead_id: &str,
+    buyer_id: &str,
+    price: Option<f64>,
+) -> Offered {
+    let sale = SaleOf {
+        lead_id,
+        buyer_id,
+        price,
+    };
+    match store.sell(&report.attempt_id, end.clone(), sale).await {
+        Ok(Written::Done) => return Offered::Sold(report),
+        Ok(Written::AlreadySold) => {
+            tracing::warn!(%lead_id, %buyer_id, "a second accepted post: the lead was already sold, no second sale");
+            return Offered::Sold(report);
+        }
+        Ok(written) => {
+            tracing::warn!(%lead_id, ?written, "accepted post not recorded: recovery had settled it");
+            return Offered::Unrecorded(report);
+        }
+        Err(error) => {
+            tracing::error!(%error, %lead_id, %buyer_id, "could not record the sale; keeping the acceptance alone")
+        }
+    }
+    if let Err(error) = store
+        .finish_attempt(&report.attempt_id, end, Vec::new())
+        .await
+    {
+        tracing::error!(%error, %lead_id, "could not record the accepted post either");
+    }
+    Offered::Unrecorded(report)
+}
+
+/// What a sale is worth: the post's price, else the ping's bid, else the
+/// buyer's fixed price.
+pub fn sale_price(
+    settings: &BuyerSettings,
+    post_answer: Option<&str>,
+    bid: Option<f64>,
+) -> Option<f64> {
+    number_at(
+        post_answer.unwrap_or_default(),
+        settings.post.price_path.as_deref(),
+    )
+    .or(bid)
+    .or(settings.price)
+}
+
+fn report_of(
+    settings: &BuyerSettings,
+    kind: CallKind,
+    attempt_id: String,
+    answer: &Exchange,
+) -> CallReport {
+    let body = answer.body.as_deref().unwrap_or_default();
+    let accepted = answer.outcome == CallOutcome::Accepted;
+    let (bid, ping_id) = match (kind, &settings.ping) {
+        (CallKind::Ping, Some(ping)) if accepted => (
+            number_at(body, ping.bid_path.as_deref()),
+            text_at(body, ping.ping_id_path.as_deref()),
+        ),
+        _ => (None, None),
+    };
+    CallReport {
+        attempt_id,
+        outcome: answer.outcome,
+        bid,
+        ping_id,
+        took: answer.duration,
+    }
+}

@@ -1,0 +1,239 @@
+//! Same-person matching, decided by the database inside intake's write:
+//! each `duplicate_keys` value (an e-mail, a phone) is a row of
+//! `person_keys` whose primary key makes its owner unique. A new routable
+//! lead claims its values; a value owned by another lead within
+//! `intake.duplicate_window` makes it that lead's duplicate (and it gives
+//! back the values it took), an owner older than the window is taken over.
+//! Submissions of one person arriving at once on any instance, through
+//! intake or the spool drainer, leave exactly one routable lead.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use entity::{lead, person_key};
+use sea_orm::sea_query::OnConflict;
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, QueryFilter,
+};
+use serde_json::Value;
+
+use super::DuplicateRule;
+use crate::domain::LeadState;
+
+/// Key rows per INSERT (small statements: see `leads::STATEMENT_BYTES`).
+const KEYS_PER_STATEMENT: usize = 64;
+/// Tries at one contended value before the write gives up (and intake
+/// retries the lead on its own).
+const CLAIM_TRIES: usize = 3;
+
+type Key = (String, String);
+
+/// Claims the values of the routable leads among `fresh` (in batch order);
+/// returns each lead that proved a duplicate with the lead it duplicates.
+pub(super) async fn claim_keys(
+    txn: &impl ConnectionTrait,
+    fresh: &[&lead::Model],
+    rule: &DuplicateRule,
+) -> Result<HashMap<String, String>, DbErr> {
+    let mut originals = HashMap::new();
+    // Within the batch the first lead with a value is its claimant; a later
+    // one sharing a value duplicates it and claims nothing.
+    let mut claimant: HashMap<Key, String> = HashMap::new();
+    let mut candidates = Vec::new();
+    for row in fresh.iter().filter(|row| is_matchable(row)) {
+        let keys = keys_of(row, rule);
+        if let Some(first) = keys.iter().find_map(|key| claimant.get(key)) {
+            originals.insert(row.id.clone(), first.clone());
+            continue;
+        }
+        for key in &keys {
+            claimant.insert(key.clone(), row.id.clone());
+        }
+        if !keys.is_empty() {
+            candidates.push((*row, keys));
+        }
+    }
+    if candidates.is_empty() {
+        return Ok(originals);
+    }
+    // The fast path, one person new to us: insert every value, sorted so
+    // that concurrent writers lock them in the same order.
+    let mut wanted: Vec<(&Key, &lead::Model)> = candidates
+        .iter()
+        .flat_map(|(row, keys)| keys.iter().map(move |key| (key, *row)))
+        .collect();
+    wanted.sort_by(|a, b| a.0.cmp(b.0));
+    let mut inserted = 0;
+    for chunk in wanted.chunks(KEYS_PER_STATEMENT) {
+        let rows = chunk
+            .iter()
+            .map(|((name, value), row)| key_row(name, value, row));
+        inserted += person_key::Entity::insert_many(rows)
+            .on_conflict(
+                OnConflict::columns([person_key::Column::Name, person_key::Column::Value])
+                    .do_nothing()
+                    .to_owned(),
+            )
+            .exec_without_returning(txn)
+            .await?;
+    }
+    if inserted as usize == wanted.len() {
+        return Ok(resolve(originals));
+    }
+    // Some values were taken: settle each candidate value by value.
+    let mut owners = owners_of(txn, wanted.iter().map(|(key, _)| *key)).await?;
+    for (row, keys) in &candidates {
+        let cutoff = window_start(row.received_at, rule);
+        for key in keys {
+            match claim_one(txn, key, row, cutoff, owners.remove(key)).await? {
+                Claim::Ours => {}
+                Claim::OwnedBy(original) => {
+                    originals.insert(row.id.clone(), original);
+                    person_key::Entity::delete_many()
+                        .filter(person_key::Column::LeadId.eq(row.id.as_str()))
+                        .exec(txn)
+                        .await?;
+                    break;
+                }
+            }
+        }
+    }
+    Ok(resolve(originals))
+}
+
+enum Claim {
+    Ours,
+    OwnedBy(String),
+}
+
+/// Settles one value for `row`, starting from its owner as last read.
+async fn claim_one(
+    txn: &impl ConnectionTrait,
+    (name, value): &Key,
+    row: &lead::Model,
+    cutoff: DateTime<Utc>,
+    mut owner: Option<person_key::Model>,
+) -> Result<Claim, DbErr> {
+    for _ in 0..CLAIM_TRIES {
+        match &owner {
+            Some(held) if held.lead_id == row.id => return Ok(Claim::Ours),
+            Some(held) if held.received_at >= cutoff => {
+                return Ok(Claim::OwnedBy(held.lead_id.clone()))
+            }
+            // Its owner is older than the window: take the value over.
+            Some(_) => {
+                let taken = person_key::Entity::update_many()
+                    .col_expr(person_key::Column::LeadId, row.id.clone().into())
+                    .col_expr(person_key::Column::ReceivedAt, row.received_at.into())
+                    .filter(person_key::Column::Name.eq(name.as_str()))
+                    .filter(person_key::Column::Value.eq(value.as_str()))
+                    .filter(person_key::Column::ReceivedAt.lt(cutoff))
+                    .exec(txn)
+                    .await?
+                    .rows_affected;
+                if taken == 1 {
+                    return Ok(Claim::Ours);
+                }
+            }
+            // Given back meanwhile by a lead that proved a duplicate.
+            None => {
+                let claimed = person_key::Entity::insert(key_row(name, value, row))
+                    .on_conflict(
+                        OnConflict::columns([person_key::Column::Name, person_key::Column::Value])
+                            .do_nothing()
+                            .to_owned(),
+                    )
+                    .exec_without_returning(txn)
+                    .await?;
+                if claimed == 1 {
+                    return Ok(Claim::Ours);
+                }
+            }
+        }
+        owner = person_key::Entity::find_by_id((name.clone(), value.clone()))
+            .one(txn)
+            .await?;
+    }
+    Err(DbErr::Custom(format!(
+        "the {name} value of lead {} stayed contended",
+        row.id
+    )))
+}
+
+/// The owners of these values now.
+async fn owners_of(
+    txn: &impl ConnectionTrait,
+    keys: impl Iterator<Item = &Key>,
+) -> Result<HashMap<Key, person_key::Model>, DbErr> {
+    let keys: Vec<&Key> = keys.collect();
+    let mut owners = HashMap::new();
+    for chunk in keys.chunks(KEYS_PER_STATEMENT) {
+        let wanted = chunk
+            .iter()
+            .fold(Condition::any(), |wanted, (name, value)| {
+                wanted.add(
+                    Condition::all()
+                        .add(person_key::Column::Name.eq(name.as_str()))
+                        .add(person_key::Column::Value.eq(value.as_str())),
+                )
+            });
+        for owner in person_key::Entity::find().filter(wanted).all(txn).await? {
+            owners.insert((owner.name.clone(), owner.value.clone()), owner);
+        }
+    }
+    Ok(owners)
+}
+
+/// A duplicate of a lead that proved a duplicate itself (both in this
+/// batch) points at the routable one.
+fn resolve(originals: HashMap<String, String>) -> HashMap<String, String> {
+    originals
+        .keys()
+        .map(|duplicate| {
+            let mut original = &originals[duplicate];
+            for _ in 0..originals.len() {
+                match originals.get(original) {
+                    Some(next) => original = next,
+                    None => break,
+                }
+            }
+            (duplicate.clone(), original.clone())
+        })
+        .collect()
+}
+
+/// Leads that take part in same-person matching (routable, not tests).
+fn is_matchable(row: &lead::Model) -> bool {
+    row.state == LeadState::Received.as_str() && !row.is_test
+}
+
+/// The lead's duplicate-key values, by key name.
+fn keys_of(row: &lead::Model, rule: &DuplicateRule) -> Vec<Key> {
+    let mut keys: Vec<Key> = rule
+        .keys
+        .iter()
+        .filter_map(|name| {
+            row.fields
+                .get(name)
+                .and_then(Value::as_str)
+                .filter(|value| !value.is_empty())
+                .map(|value| (name.clone(), value.to_string()))
+        })
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+fn key_row(name: &str, value: &str, row: &lead::Model) -> person_key::ActiveModel {
+    person_key::ActiveModel {
+        name: Set(name.into()),
+        value: Set(value.into()),
+        lead_id: Set(row.id.clone()),
+        received_at: Set(row.received_at),
+    }
+}
+
+fn window_start(received_at: DateTime<Utc>, rule: &DuplicateRule) -> DateTime<Utc> {
+    received_at - chrono::Duration::from_std(rule.window).unwrap_or(chrono::Duration::MAX)
+}
