@@ -111,8 +111,32 @@ pub struct Buyer {
     restarts: RestartLog,
     alerts: Alerts,
     metrics: Metrics,
-    /// Fault injection (`faults.buyer_panics`): calls still to panic.
-    panics_left: u32,
+    /// Fault injection: calls and half-open probes still to panic.
+    panics_left: InjectedPanics,
+}
+
+/// Fault injection for supervision tests (`[faults]`): how many calls
+/// (`buyer_panics`) and half-open probes (`probe_panics`) panic after their
+/// attempt row is written. Zero in production.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InjectedPanics {
+    pub calls: u32,
+    pub probes: u32,
+}
+
+impl InjectedPanics {
+    /// Whether this call panics; counts it down.
+    fn take(&mut self, probe: bool) -> bool {
+        if self.calls > 0 {
+            self.calls -= 1;
+            return true;
+        }
+        if probe && self.probes > 0 {
+            self.probes -= 1;
+            return true;
+        }
+        false
+    }
 }
 
 /// What a buyer actor is given besides its own settings.
@@ -128,7 +152,11 @@ pub struct BuyerEnvironment {
 }
 
 impl Buyer {
-    pub fn new(settings: Arc<BuyerSettings>, environment: BuyerEnvironment, panics: u32) -> Self {
+    pub fn new(
+        settings: Arc<BuyerSettings>,
+        environment: BuyerEnvironment,
+        panics: InjectedPanics,
+    ) -> Self {
         let BuyerEnvironment {
             pii_fields,
             store,
@@ -325,10 +353,14 @@ impl Buyer {
                     ),
                 ))
             }
-            CircuitState::Closed => Some((
-                AlertKind::CircuitClosed,
-                format!("circuit of buyer {buyer_id} closed"),
-            )),
+            CircuitState::Closed => {
+                // Closed (by a probe or an operator): the buyer is back.
+                self.reoffer(None);
+                Some((
+                    AlertKind::CircuitClosed,
+                    format!("circuit of buyer {buyer_id} closed"),
+                ))
+            }
             CircuitState::HalfOpen => {
                 tracing::info!(buyer_id, "circuit half-open: probing");
                 // Leads it failed are the probes.
@@ -347,7 +379,7 @@ impl Buyer {
 pub fn start_buyer(
     settings: Arc<BuyerSettings>,
     environment: BuyerEnvironment,
-    panics: u32,
+    panics: InjectedPanics,
 ) -> Addr<Buyer> {
     Supervisor::start(move |_| Buyer::new(settings, environment, panics))
 }
@@ -426,8 +458,7 @@ impl Handler<OfferLead> for Buyer {
             let kind = offer.kind;
             let probe = (admission == Admission::Probe)
                 .then(|| buyer.watch_probe(call_timeout(&buyer.settings_for(&offer), kind), ctx));
-            let inject_panic = buyer.panics_left > 0;
-            buyer.panics_left = buyer.panics_left.saturating_sub(1);
+            let inject_panic = buyer.panics_left.take(admission == Admission::Probe);
             let Some(plan) = buyer.plan(offer, inject_panic) else {
                 buyer.slots.release();
                 buyer.breaker.cancel(admission);

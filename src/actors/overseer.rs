@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use actix::{Addr, AsyncContext, Supervisor};
 
-use super::buyer::{start_buyer, BuyerEnvironment};
+use super::buyer::{start_buyer, BuyerEnvironment, InjectedPanics};
 use super::directory::{BuyerDirectory, BuyerHandle};
 use super::drainer::SpoolDrainer;
 use super::intake::IntakeTargets;
@@ -67,7 +67,7 @@ impl Overseer {
         let board = Board::default();
         let draining = Arc::new(AtomicBool::new(false));
         let buyer_settings: Vec<_> = settings.buyers.iter().cloned().map(Arc::new).collect();
-        let panics = settings.faults.buyer_panics.clone();
+        let faults = settings.faults.clone();
         let sweep_interval = settings.routing.sweep_interval;
         let routing = RoutingContext {
             store: store.clone(),
@@ -114,7 +114,13 @@ impl Overseer {
                         buyer_settings
                             .into_iter()
                             .map(|settings| {
-                                let panics = panics.get(&settings.id).copied().unwrap_or(0);
+                                let count = |table: &std::collections::BTreeMap<String, u32>| {
+                                    table.get(&settings.id).copied().unwrap_or(0)
+                                };
+                                let panics = InjectedPanics {
+                                    calls: count(&faults.buyer_panics),
+                                    probes: count(&faults.probe_panics),
+                                };
                                 BuyerHandle {
                                     addr: start_buyer(
                                         settings.clone(),

@@ -27,7 +27,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use super::buyer::{start_buyer, BuyerEnvironment, Reconfigure, ReofferLeads};
+use super::buyer::{start_buyer, BuyerEnvironment, InjectedPanics, Reconfigure, ReofferLeads};
 use super::directory::BuyerHandle;
 use super::retry::{self, RetryAttempt, RetryError};
 use super::supervision::{guarded, RestartLog};
@@ -537,7 +537,11 @@ impl Handler<ApplyBuyers> for Router {
                         }
                     }
                     None => BuyerHandle {
-                        addr: start_buyer(settings.clone(), self.environment.clone(), 0),
+                        addr: start_buyer(
+                            settings.clone(),
+                            self.environment.clone(),
+                            InjectedPanics::default(),
+                        ),
                         settings,
                     },
                 }

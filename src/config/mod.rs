@@ -119,6 +119,9 @@ pub struct FaultSettings {
     /// Buyer id -> how many of that buyer's calls panic (after the attempt
     /// row is written, before the request is sent).
     pub buyer_panics: BTreeMap<String, u32>,
+    /// Buyer id -> how many of that buyer's half-open probes panic the
+    /// same way (a probe lost to a crash must not keep the circuit half-open).
+    pub probe_panics: BTreeMap<String, u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -119,12 +119,18 @@ pub fn check(settings: &Settings) -> Vec<Problem> {
             );
         }
     }
-    for buyer_id in settings.faults.buyer_panics.keys() {
-        if !buyer_ids.contains(buyer_id.as_str()) {
-            problem(
-                format!("faults.buyer_panics.{buyer_id}"),
-                format!("no buyer has id {buyer_id:?}"),
-            );
+    let faults = &settings.faults;
+    for (table, buyers) in [
+        ("buyer_panics", &faults.buyer_panics),
+        ("probe_panics", &faults.probe_panics),
+    ] {
+        for buyer_id in buyers.keys() {
+            if !buyer_ids.contains(buyer_id.as_str()) {
+                problem(
+                    format!("faults.{table}.{buyer_id}"),
+                    format!("no buyer has id {buyer_id:?}"),
+                );
+            }
         }
     }
     if settings.supervision.period.is_zero() {

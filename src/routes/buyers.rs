@@ -1,4 +1,4 @@
-//! `GET /v1/buyers` (each buyer's circuit, load and recent outcomes) and
+//! `GET /v1/buyers` (each buyer's circuit, load, cap use and recent outcomes) and
 //! `POST /v1/buyers/{id}/circuit` (an operator opens or closes a circuit).
 
 use std::collections::HashMap;
@@ -13,7 +13,7 @@ use super::{Admin, ApiError, AppState};
 use crate::actors::buyer::ForceCircuit;
 use crate::buyer::board::BuyerStatus;
 use crate::buyer::breaker::CircuitState;
-use crate::store::OutcomeCounts;
+use crate::store::{CapSlot, CapUse, OutcomeCounts};
 
 /// "Recent" outcome counts cover this much time.
 const RECENT: chrono::Duration = chrono::Duration::hours(24);
@@ -24,6 +24,9 @@ pub struct BuyerView {
     status: BuyerStatus,
     sold_today: u64,
     counts: OutcomeCounts,
+    /// Each configured cap in its current UTC period: posts reserved
+    /// (sold, in flight, or of unknown fate) against the limit.
+    caps: Vec<CapUse>,
 }
 
 #[utoipa::path(get, path = "/v1/buyers", tag = "buyers", security(("admin" = [])),
@@ -41,7 +44,14 @@ pub async fn buyer_views(state: &AppState) -> Result<Vec<BuyerView>, ApiError> {
     let now = Utc::now();
     let sold = state.store.sales_by_buyer(start_of_day(now)).await?;
     let counts = state.store.outcome_counts(now - RECENT).await?;
-    Ok(assemble(state, sold, counts))
+    let mut caps = HashMap::new();
+    for buyer in &state.settings().buyers {
+        let slots = CapSlot::for_post(buyer, now);
+        if !slots.is_empty() {
+            caps.insert(buyer.id.clone(), state.store.cap_use(&slots).await?);
+        }
+    }
+    Ok(assemble(state, sold, counts, caps))
 }
 
 /// As [`buyer_views`], but while the database is down still the live part
@@ -50,7 +60,7 @@ pub async fn live_buyer_views(state: &AppState) -> (Vec<BuyerView>, &'static str
     match buyer_views(state).await {
         Ok(views) => (views, "ok"),
         Err(_) => (
-            assemble(state, HashMap::new(), HashMap::new()),
+            assemble(state, HashMap::new(), HashMap::new(), HashMap::new()),
             "unreachable",
         ),
     }
@@ -60,6 +70,7 @@ fn assemble(
     state: &AppState,
     mut sold: HashMap<String, u64>,
     mut counts: HashMap<String, OutcomeCounts>,
+    mut caps: HashMap<String, Vec<CapUse>>,
 ) -> Vec<BuyerView> {
     state
         .settings()
@@ -69,6 +80,7 @@ fn assemble(
         .map(|status| BuyerView {
             sold_today: sold.remove(&status.id).unwrap_or_default(),
             counts: counts.remove(&status.id).unwrap_or_default(),
+            caps: caps.remove(&status.id).unwrap_or_default(),
             status,
         })
         .collect()

@@ -12,7 +12,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::error::ErrorBody;
 use super::{Admin, ApiError, AppState};
-use crate::domain::{Contract, FieldError, LeadState};
+use crate::domain::{AttemptKind, AttemptOutcome, CallOutcome, Contract, FieldError, LeadState};
 use crate::store::{contract_of_row, LeadFilter, LeadPage};
 
 const DEFAULT_PAGE: u64 = 50;
@@ -64,8 +64,19 @@ pub async fn full_view(state: &AppState, row: lead::Model) -> Result<LeadView, A
         .await?
         .remove(&row.id);
     let why = explain(&row, sale.as_ref(), &attempts);
+    let returns = state.store.returns_of(&row.id).await?;
     let mut view = LeadView::new(row, sale, state.awaiting_required_notify());
     view.why = Some(why);
+    view.returns = Some(
+        returns
+            .into_iter()
+            .map(|sale| ReturnView {
+                buyer_id: sale.buyer_id,
+                reason: sale.return_reason.unwrap_or_default(),
+                at: sale.returned_at.unwrap_or(sale.sold_at),
+            })
+            .collect(),
+    );
     view.attempts = Some(attempts.into_iter().map(AttemptView::from).collect());
     Ok(view)
 }
@@ -85,7 +96,18 @@ fn explain(row: &lead::Model, sale: Option<&sale::Model>, attempts: &[attempt::M
         ""
     };
     match LeadState::parse(&row.state) {
-        Some(LeadState::Received) => format!("stored and waiting to be routed{rerouted}"),
+        Some(LeadState::Received) => match (&row.set_aside_reason, row.route_after) {
+            (Some(reason), _) => format!(
+                "set aside for review after {} routing failures (the last: {reason}); reroute it once the cause is fixed",
+                row.route_failures
+            ),
+            (None, Some(after)) if after > Utc::now() => format!(
+                "waiting to be routed again after {} routing failure(s), not before {}",
+                row.route_failures,
+                after.to_rfc3339()
+            ),
+            _ => format!("stored and waiting to be routed{rerouted}"),
+        },
         Some(LeadState::Routing) => format!(
             "being routed by instance {} (lease until {}){rerouted}",
             row.lease_owner.as_deref().unwrap_or("?"),
@@ -105,10 +127,11 @@ fn explain(row: &lead::Model, sale: Option<&sale::Model>, attempts: &[attempt::M
             None => "sold".into(),
         },
         Some(LeadState::Unknown) => {
-            let post = current
-                .iter()
-                .rev()
-                .find(|attempt| attempt.kind == "post" && attempt.outcome == "timeout");
+            let timeout = AttemptOutcome::Call(CallOutcome::Timeout);
+            let post = current.iter().rev().find(|attempt| {
+                AttemptKind::parse(&attempt.kind) == Some(AttemptKind::POST)
+                    && AttemptOutcome::parse(&attempt.outcome) == Some(timeout)
+            });
             match post {
                 Some(post) => format!(
                     "the post to {} got no answer ({}): the buyer may have accepted it; it is not re-sent — check with the buyer, then resolve or reroute",
@@ -121,9 +144,10 @@ fn explain(row: &lead::Model, sale: Option<&sale::Model>, attempts: &[attempt::M
         Some(LeadState::Unsold) => {
             let mut last_by_buyer: Vec<(&str, String)> = Vec::new();
             for attempt in &current {
-                let verdict = match &attempt.reason {
-                    Some(reason) => format!("{} {} ({reason})", attempt.kind, attempt.outcome),
-                    None => format!("{} {}", attempt.kind, attempt.outcome),
+                let verdict = match (AttemptKind::parse(&attempt.kind), &attempt.reason) {
+                    (Some(AttemptKind::Skip), _) => format!("skipped: {}", attempt.outcome),
+                    (_, Some(reason)) => format!("{} {} ({reason})", attempt.kind, attempt.outcome),
+                    (_, None) => format!("{} {}", attempt.kind, attempt.outcome),
                 };
                 match last_by_buyer
                     .iter_mut()
@@ -199,6 +223,7 @@ pub async fn list(
     };
     let filter = LeadFilter {
         states,
+        set_aside: false,
         source: query.source.filter(|source| !source.is_empty()),
         limit: page_size(query.limit),
         cursor: query.cursor,
@@ -215,7 +240,8 @@ pub struct ReviewQuery {
     cursor: Option<String>,
 }
 
-/// `GET /v1/review`: invalid and unknown leads, oldest first.
+/// `GET /v1/review`: invalid and unknown leads, and leads set aside after
+/// repeated routing failures, oldest first.
 #[utoipa::path(get, path = "/v1/review", tag = "leads", security(("admin" = [])),
     params(ReviewQuery),
     responses(
@@ -231,6 +257,7 @@ pub async fn review(
     let query = query.into_inner();
     let filter = LeadFilter {
         states: vec![LeadState::Invalid, LeadState::Unknown],
+        set_aside: true,
         source: None,
         limit: page_size(query.limit),
         cursor: query.cursor,
@@ -297,6 +324,17 @@ pub struct LeadView {
     why: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     attempts: Option<Vec<AttemptView>>,
+    /// Sales of this lead that their buyers returned (the single-lead view only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    returns: Option<Vec<ReturnView>>,
+}
+
+/// A buyer returned the lead it bought.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReturnView {
+    buyer_id: String,
+    reason: String,
+    at: DateTime<Utc>,
 }
 
 impl LeadView {
@@ -331,6 +369,7 @@ impl LeadView {
             duplicate_of: row.duplicate_of,
             why: None,
             attempts: None,
+            returns: None,
         }
     }
 }

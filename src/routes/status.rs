@@ -76,8 +76,9 @@ pub async fn status(
             None
         }
     };
+    let set_aside = state.store.set_aside_count().await.unwrap_or(0);
     let review = leads.as_ref().map(|leads| Backlog {
-        pending: leads.invalid + leads.unknown,
+        pending: leads.invalid + leads.unknown + set_aside,
     });
     Ok(HttpResponse::Ok().json(StatusView {
         buyers,

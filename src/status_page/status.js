@@ -8,6 +8,10 @@ function latency(value) {
   return value ? value.p50_ms + " / " + value.p95_ms + " ms" : "–";
 }
 
+function caps(list) {
+  return list && list.length ? list.map(cap => cap.period + " " + cap.used + " / " + cap.limit).join(", ") : "–";
+}
+
 function buyerRow(buyer) {
   const cell = (label, ...content) => el("td", { "data-label": label }, ...content);
   return el("tr", { "data-buyer": buyer.id },
@@ -17,6 +21,7 @@ function buyerRow(buyer) {
     cell("Failures", String(buyer.consecutive_failures)),
     cell("In flight", buyer.in_flight + " / " + buyer.max_concurrency),
     cell("Sold today", String(buyer.sold_today)),
+    cell("Caps used", caps(buyer.caps)),
     cell("Accepted", String(buyer.counts.accepted)),
     cell("Rejected", String(buyer.counts.rejected)),
     cell("Errors", String(buyer.counts.error)),

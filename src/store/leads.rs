@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use entity::{attempt, intake_log, lead, sale};
 use sea_orm::sea_query::{Expr, OnConflict};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, DbErr, EntityTrait, IntoActiveModel, QueryFilter, QueryOrder,
+    ActiveValue::Set, ColumnTrait, Condition, DbErr, EntityTrait, IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder,
     QuerySelect, TransactionTrait,
 };
 use serde_json::{Map, Value};
@@ -55,6 +55,8 @@ pub enum PersistOutcome {
 #[derive(Debug, Clone, Default)]
 pub struct LeadFilter {
     pub states: Vec<LeadState>,
+    /// Leads set aside after routing failures too (the review queue).
+    pub set_aside: bool,
     pub source: Option<String>,
     pub limit: u64,
     /// The last id of the previous page.
@@ -194,8 +196,12 @@ impl Store {
     pub async fn list_leads(&self, filter: &LeadFilter) -> Result<LeadPage, DbErr> {
         let mut query = lead::Entity::find();
         if !filter.states.is_empty() {
-            query =
-                query.filter(lead::Column::State.is_in(filter.states.iter().map(|s| s.as_str())));
+            let mut wanted = Condition::any()
+                .add(lead::Column::State.is_in(filter.states.iter().map(|s| s.as_str())));
+            if filter.set_aside {
+                wanted = wanted.add(lead::Column::SetAsideReason.is_not_null());
+            }
+            query = query.filter(wanted);
         }
         if let Some(source) = &filter.source {
             query = query.filter(lead::Column::SourceId.eq(source.as_str()));
@@ -332,6 +338,24 @@ impl Store {
             .into_iter()
             .map(|(state, count)| (state, count as u64))
             .collect())
+    }
+
+    /// Leads set aside for review after routing failures.
+    pub async fn set_aside_count(&self) -> Result<u64, DbErr> {
+        lead::Entity::find()
+            .filter(lead::Column::SetAsideReason.is_not_null())
+            .count(&self.db)
+            .await
+    }
+
+    /// The lead's sales that their buyers returned, oldest first.
+    pub async fn returns_of(&self, lead_id: &str) -> Result<Vec<sale::Model>, DbErr> {
+        sale::Entity::find()
+            .filter(sale::Column::LeadId.eq(lead_id))
+            .filter(sale::Column::ReturnedAt.is_not_null())
+            .order_by_asc(sale::Column::ReturnedAt)
+            .all(&self.db)
+            .await
     }
 
     /// The sale (not returned) of each lead in `lead_ids` that has one.

@@ -229,6 +229,19 @@ fn retryable_outcomes() -> [&'static str; 3] {
     AttemptOutcome::RETRYABLE.map(AttemptOutcome::as_str)
 }
 
+/// Outcomes after which a buyer is done with a lead, whatever it does next.
+fn final_outcomes() -> [&'static str; 6] {
+    [
+        AttemptOutcome::Call(CallOutcome::Rejected),
+        AttemptOutcome::Call(CallOutcome::Timeout),
+        AttemptOutcome::Skip(SkipReason::Filtered),
+        AttemptOutcome::Skip(SkipReason::Capped),
+        AttemptOutcome::Skip(SkipReason::TestLead),
+        AttemptOutcome::Skip(SkipReason::BelowMinBid),
+    ]
+    .map(AttemptOutcome::as_str)
+}
+
 /// Leads requeued per statement when a buyer recovers.
 const REQUEUE_PAGE: u64 = 1000;
 
@@ -444,10 +457,10 @@ impl Store {
     }
 
     /// Puts back to `received` the unsold leads (arrived after `since`,
-    /// not rerouted or returned: those are the operator's) whose every
-    /// attempt at this buyer was retryable (an error, or skipped for its
-    /// circuit or load) and made before `answered_at`, when the buyer was
-    /// seen answering again. A page at a time, all of them, or at most
+    /// not rerouted or returned: those are the operator's) that this buyer
+    /// failed with an error or was skipped for (circuit, load) before
+    /// `answered_at`, when it was seen answering again, and that it never
+    /// gave a final answer (a rejection, a timeout) nor failed since. A page at a time, all of them, or at most
     /// `limit` (probes). Returns how many were requeued.
     pub async fn requeue_for_buyer(
         &self,
@@ -469,9 +482,15 @@ impl Store {
                 .into_query()
         };
         let retryable = Condition::all().add(attempt::Column::Outcome.is_in(retryable_outcomes()));
+        // A final answer of this buyer (or a skip that a recovery does not
+        // change), or a failure after it answered again: not this time.
         let final_or_later = Condition::any()
-            .add(attempt::Column::Outcome.is_not_in(retryable_outcomes()))
-            .add(attempt::Column::StartedAt.gte(answered_at));
+            .add(attempt::Column::Outcome.is_in(final_outcomes()))
+            .add(
+                Condition::all()
+                    .add(attempt::Column::Outcome.is_in(retryable_outcomes()))
+                    .add(attempt::Column::StartedAt.gte(answered_at)),
+            );
         let mut requeued = 0;
         loop {
             let page = limit.map_or(REQUEUE_PAGE, |limit| {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use entity::{alert, attempt, lead, sale};
 use futures_util::future::join_all;
 use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
+use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
 use serde_json::{json, Value};
 
 use crate::buyers::{accept, refusing_url, Answer, BrokenBuyer, BuyerConfig, TestBuyer};
@@ -290,12 +290,22 @@ async fn two_buyers_that_both_accept_make_one_sale(backend: Backend) {
     }
     assert!(second.calls("ping").is_empty());
     // The unique index refuses a second sale whatever asks for it.
-    let again = app
-        .store
-        .record_sale(&ids[0], "second", Some("attempt-x"), Some(1.0))
-        .await
-        .unwrap();
-    assert!(!again);
+    let again = sale::Entity::insert(sale::ActiveModel {
+        id: Set("second-sale".into()),
+        lead_id: Set(ids[0].clone()),
+        buyer_id: Set("second".into()),
+        attempt_id: Set(None),
+        price: Set(Some(1.0)),
+        sold_at: Set(chrono::Utc::now()),
+        returned_at: Set(None),
+        return_reason: Set(None),
+    })
+    .exec_without_returning(app.store.connection())
+    .await;
+    assert!(
+        matches!(again.map_err(|error| error.sql_err()), Err(Some(sea_orm::SqlErr::UniqueConstraintViolation(_)))),
+        "a second sale must be refused by the database"
+    );
     assert_eq!(sales_of(&app, &ids[0]).await, 1);
 }
 
