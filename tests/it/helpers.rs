@@ -43,6 +43,8 @@ pub const BASE_CONFIG: &str = concat!(
     r#"
 [routing]
 sweep_interval = "200ms"
+failure_limit = 5
+failure_backoff = "100ms"
 
 [server]
 admin_token = "test-admin-token"
@@ -104,16 +106,36 @@ pub async fn spawn_app(backend: Backend) -> TestApp {
 
 /// Starts the app on `BASE_CONFIG` plus `extra` TOML (appended).
 pub async fn spawn_app_with(backend: Backend, extra: &str) -> TestApp {
-    leadrouter::telemetry::init();
     let database = TestDatabase::create(backend).await;
+    let url = database.url.clone();
+    TestApp {
+        _database: Some(database),
+        ..spawn_app_on(&url, extra).await
+    }
+}
+
+/// A second instance on the database of an app this test started.
+pub async fn spawn_instance_of(app: &TestApp, extra: &str) -> TestApp {
+    let url = app
+        ._database
+        .as_ref()
+        .expect("an app with its own database")
+        .url
+        .clone();
+    spawn_app_on(&url, extra).await
+}
+
+/// Starts an instance on `database_url` (which outlives it).
+async fn spawn_app_on(database_url: &str, extra: &str) -> TestApp {
+    leadrouter::telemetry::init();
     let mut settings = test_settings(extra);
-    settings.database.url = config::Secret::new(database.url.clone());
+    settings.database.url = config::Secret::new(database_url.to_string());
     settings.server.listen = "127.0.0.1:0".into();
     let files = tempfile::tempdir().expect("temp dir");
     settings.intake.spool_dir = files.path().join("spool");
     // The file a reload reads: the same text, with this test's database.
     let config_path = files.path().join("leadrouter.toml");
-    write_config(&config_path, &database.url, extra);
+    write_config(&config_path, database_url, extra);
     settings.source_path = Some(config_path.clone());
     let application = Application::build(settings).await.expect("app builds");
     let address = format!("http://127.0.0.1:{}", application.port());
@@ -121,7 +143,6 @@ pub async fn spawn_app_with(backend: Backend, extra: &str) -> TestApp {
     OPEN_STORES.with(|stores| stores.borrow_mut().push(store.clone()));
     actix_web::rt::spawn(application.run_until_stopped());
     TestApp {
-        _database: Some(database),
         _files: Some(files),
         config_path: Some(config_path),
         ..TestApp::at(address, store)

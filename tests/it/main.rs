@@ -13,4 +13,5 @@ mod intake;
 mod reads;
 mod recovery;
 mod routing;
+mod selling;
 mod status_page;

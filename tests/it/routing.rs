@@ -303,7 +303,10 @@ async fn two_buyers_that_both_accept_make_one_sale(backend: Backend) {
     .exec_without_returning(app.store.connection())
     .await;
     assert!(
-        matches!(again.map_err(|error| error.sql_err()), Err(Some(sea_orm::SqlErr::UniqueConstraintViolation(_)))),
+        matches!(
+            again.map_err(|error| error.sql_err()),
+            Err(Some(sea_orm::SqlErr::UniqueConstraintViolation(_)))
+        ),
         "a second sale must be refused by the database"
     );
     assert_eq!(sales_of(&app, &ids[0]).await, 1);

@@ -1,0 +1,554 @@
+//! The selling invariants (SPEC sections 7 and 9), each attacked the way
+//! production would: many leads at once, two instances on one database, a
+//! statement failing in the middle of a sale, a client that goes away, a
+//! crashed buyer actor, a lead whose routing keeps failing.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use entity::{alert, attempt, lead, sale};
+use futures_util::future::join_all;
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
+use serde_json::{json, Value};
+
+use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
+use crate::helpers::{spawn_app_with, spawn_instance_of, wait_until, Backend, TestApp};
+use crate::on_both_databases;
+
+on_both_databases!(
+    a_daily_cap_holds_with_ten_leads_at_once,
+    an_hourly_cap_holds_with_six_leads_at_once,
+    a_rejected_post_gives_its_cap_slot_back,
+    a_failed_sale_commit_leaves_the_lead_sold_to_that_buyer_and_no_other,
+    a_post_whose_answer_cannot_be_written_stops_the_walk,
+    a_client_that_drops_its_retry_still_gets_the_sale_recorded,
+    a_retried_post_that_times_out_leaves_the_lead_unknown_with_an_alert,
+    one_person_submitted_at_once_under_many_keys_is_one_routable_lead,
+    a_half_open_probe_lost_to_a_panic_does_not_keep_the_circuit_half_open,
+    a_poison_lead_is_set_aside_while_other_leads_keep_selling,
+    skips_carry_their_reason_as_outcome,
+);
+
+/// How long a selling scenario may take to settle.
+const SETTLE: Duration = Duration::from_secs(30);
+
+fn post_delayed(millis: u64) -> Answer {
+    Answer::Accept {
+        delay: Duration::from_millis(millis),
+    }
+}
+
+async fn sales_to(app: &TestApp, buyer_id: &str) -> Vec<sale::Model> {
+    sale::Entity::find()
+        .filter(sale::Column::BuyerId.eq(buyer_id))
+        .all(app.store.connection())
+        .await
+        .unwrap()
+}
+
+async fn leads_in_state(app: &TestApp, state: &str) -> Vec<lead::Model> {
+    lead::Entity::find()
+        .filter(lead::Column::State.eq(state))
+        .all(app.store.connection())
+        .await
+        .unwrap()
+}
+
+async fn wait_until_sold(app: &TestApp, count: usize) {
+    wait_until(&format!("{count} leads sold"), SETTLE, || async {
+        leads_in_state(app, "sold").await.len() == count
+    })
+    .await;
+}
+
+async fn execute(app: &TestApp, sql: &str) {
+    app.store
+        .connection()
+        .execute_unprepared(sql)
+        .await
+        .unwrap_or_else(|error| panic!("{sql}: {error}"));
+}
+
+/// A capped buyer (first, slow posts so that every lead is in flight at
+/// once) and a backup buyer that takes what the cap leaves.
+fn capped_and_backup(cap: &str) -> (TestBuyer, TestBuyer, String) {
+    let capped = TestBuyer::start(accept(), post_delayed(300));
+    let backup = TestBuyer::start(accept(), accept());
+    let extra = format!("max_concurrency = 32\n{cap}");
+    let toml = BuyerConfig {
+        extra: &extra,
+        ..BuyerConfig::new("capped", 1)
+    }
+    .toml(&capped.base)
+        + &BuyerConfig::new("backup", 2).toml(&backup.base);
+    (capped, backup, toml)
+}
+
+async fn a_cap_holds_under_concurrency(backend: Backend, cap: &str, limit: usize, leads: usize) {
+    let (capped, backup, toml) = capped_and_backup(cap);
+    let app = spawn_app_with(backend, &toml).await;
+    join_all((0..leads).map(|n| app.submit(json!({"email": format!("cap{n}@example.com")})))).await;
+    wait_until_sold(&app, leads).await;
+
+    assert_eq!(sales_to(&app, "capped").await.len(), limit);
+    assert_eq!(capped.calls("post").len(), limit, "no post beyond the cap");
+    assert_eq!(sales_to(&app, "backup").await.len(), leads - limit);
+    assert_eq!(backup.calls("post").len(), leads - limit);
+    let buyers = app.admin_get("/v1/buyers").await.json();
+    let caps = &buyers.as_array().unwrap()[0]["caps"];
+    assert_eq!(caps[0]["used"], limit, "{caps}");
+    assert_eq!(caps[0]["limit"], limit, "{caps}");
+}
+
+async fn a_daily_cap_holds_with_ten_leads_at_once(backend: Backend) {
+    a_cap_holds_under_concurrency(backend, "daily_cap = 3", 3, 10).await;
+}
+
+async fn an_hourly_cap_holds_with_six_leads_at_once(backend: Backend) {
+    a_cap_holds_under_concurrency(backend, "hourly_cap = 2", 2, 6).await;
+}
+
+async fn a_rejected_post_gives_its_cap_slot_back(backend: Backend) {
+    let capped = TestBuyer::start(accept(), Answer::Reject);
+    let app = spawn_app_with(
+        backend,
+        &BuyerConfig {
+            extra: "daily_cap = 1",
+            ..BuyerConfig::new("capped", 1)
+        }
+        .toml(&capped.base),
+    )
+    .await;
+    let first = app.submit(json!({"email": "first@example.com"})).await;
+    app.wait_for_state(&first, "unsold").await;
+    capped.set_post(accept());
+    let second = app.submit(json!({"email": "second@example.com"})).await;
+    app.wait_for_state(&second, "sold").await;
+    let third = app.submit(json!({"email": "third@example.com"})).await;
+    let view = app.wait_for_state(&third, "unsold").await;
+    assert_eq!(view["attempts"][0]["outcome"], "capped", "{view}");
+    assert_eq!(capped.calls("post").len(), 2);
+}
+
+#[actix_web::test]
+async fn two_instances_on_one_postgres_sell_exactly_the_cap() {
+    let (capped, backup, toml) = capped_and_backup("daily_cap = 4");
+    let one = spawn_app_with(Backend::Postgres, &toml).await;
+    let two = spawn_instance_of(&one, &toml).await;
+    join_all((0..16).map(|n| {
+        let app = if n % 2 == 0 { &one } else { &two };
+        app.submit(json!({"email": format!("both{n}@example.com")}))
+    }))
+    .await;
+    wait_until_sold(&one, 16).await;
+    assert_eq!(sales_to(&one, "capped").await.len(), 4);
+    assert_eq!(capped.calls("post").len(), 4);
+    assert_eq!(backup.calls("post").len(), 12);
+    let instances: HashSet<Option<String>> = attempt::Entity::find()
+        .all(one.store.connection())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|attempt| attempt.instance_id)
+        .collect();
+    assert_eq!(instances.len(), 2, "both instances routed leads");
+    crate::helpers::close_stores().await;
+}
+
+/// Two buyers that accept; the first answers its post slowly, so the test
+/// can break the database while the post is out.
+fn slow_first_and_second() -> (TestBuyer, TestBuyer, String) {
+    let first = TestBuyer::start(accept(), post_delayed(700));
+    let second = TestBuyer::start(accept(), accept());
+    let toml = BuyerConfig::new("first", 1).toml(&first.base)
+        + &BuyerConfig::new("second", 2).toml(&second.base);
+    (first, second, toml)
+}
+
+async fn a_failed_sale_commit_leaves_the_lead_sold_to_that_buyer_and_no_other(backend: Backend) {
+    let (first, second, toml) = slow_first_and_second();
+    let app = spawn_app_with(backend, &toml).await;
+    let id = app.submit(json!({"email": "sale@example.com"})).await;
+    wait_until("the post to be out", SETTLE, || async {
+        !first.calls("post").is_empty()
+    })
+    .await;
+    // The sale's commit fails: its table is gone while the buyer accepts.
+    execute(&app, "ALTER TABLE sales RENAME TO sales_moved_away").await;
+    wait_until("the acceptance to be kept alone", SETTLE, || async {
+        let posts = attempt::Entity::find()
+            .filter(attempt::Column::LeadId.eq(id.as_str()))
+            .filter(attempt::Column::Outcome.eq("accepted"))
+            .filter(attempt::Column::Kind.eq("post"))
+            .all(app.store.connection())
+            .await
+            .unwrap();
+        !posts.is_empty()
+    })
+    .await;
+    execute(&app, "ALTER TABLE sales_moved_away RENAME TO sales").await;
+
+    let view = app.wait_for_state(&id, "sold").await;
+    assert_eq!(view["sold_to"], "first");
+    assert_eq!(view["price"], 15.0);
+    assert_eq!(sales_to(&app, "first").await.len(), 1);
+    assert_eq!(first.calls("post").len(), 1, "the post is never re-sent");
+    assert!(
+        second.calls("ping").is_empty() && second.calls("post").is_empty(),
+        "a lead with an accepted post is never offered to another buyer"
+    );
+}
+
+/// Makes every UPDATE of `buyer_id`'s post rows fail (the answer cannot
+/// be written), or lifts that again.
+async fn refuse_post_answers(app: &TestApp, backend: Backend, buyer_id: &str, refuse: bool) {
+    let statements: Vec<String> = match (backend, refuse) {
+        (Backend::Sqlite, true) => vec![format!(
+            "CREATE TRIGGER refuse_answers BEFORE UPDATE ON attempts \
+             WHEN OLD.buyer_id = '{buyer_id}' AND OLD.kind = 'post' \
+             BEGIN SELECT RAISE(ABORT, 'answer refused'); END"
+        )],
+        (Backend::Sqlite, false) => vec!["DROP TRIGGER refuse_answers".into()],
+        (Backend::Postgres, true) => vec![
+            format!(
+                "CREATE FUNCTION refuse_answers() RETURNS trigger AS $$ BEGIN \
+                 IF OLD.buyer_id = '{buyer_id}' AND OLD.kind = 'post' THEN \
+                 RAISE EXCEPTION 'answer refused'; END IF; RETURN NEW; END $$ LANGUAGE plpgsql"
+            ),
+            "CREATE TRIGGER refuse_answers BEFORE UPDATE ON attempts \
+             FOR EACH ROW EXECUTE FUNCTION refuse_answers()"
+                .into(),
+        ],
+        (Backend::Postgres, false) => vec!["DROP TRIGGER refuse_answers ON attempts".into()],
+    };
+    for statement in statements {
+        execute(app, &statement).await;
+    }
+}
+
+async fn a_post_whose_answer_cannot_be_written_stops_the_walk(backend: Backend) {
+    let first = TestBuyer::start(accept(), Answer::Reject);
+    let second = TestBuyer::start(accept(), accept());
+    let toml = BuyerConfig::new("first", 1).toml(&first.base)
+        + &BuyerConfig::new("second", 2).toml(&second.base);
+    let app = spawn_app_with(backend, &toml).await;
+    refuse_post_answers(&app, backend, "first", true).await;
+    let id = app.submit(json!({"email": "lost@example.com"})).await;
+    wait_until(
+        "the walk to stop on the unrecorded answer",
+        SETTLE,
+        || async {
+            let row = app.store.find_lead(&id).await.unwrap().unwrap();
+            row.route_failures >= 2
+        },
+    )
+    .await;
+    refuse_post_answers(&app, backend, "first", false).await;
+
+    let view = app.wait_for_state(&id, "unknown").await;
+    assert_eq!(first.calls("post").len(), 1, "never re-sent");
+    assert!(
+        second.calls("ping").is_empty() && second.calls("post").is_empty(),
+        "an unrecorded post is never followed by another buyer"
+    );
+    let post = view["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|attempt| attempt["kind"] == "post")
+        .unwrap()
+        .clone();
+    assert_eq!(post["outcome"], "timeout");
+    assert_eq!(post["reason"], "interrupted");
+}
+
+/// The id of the lead's post attempt.
+fn post_of(view: &Value) -> String {
+    view["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|attempt| attempt["kind"] == "post")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+async fn a_client_that_drops_its_retry_still_gets_the_sale_recorded(backend: Backend) {
+    let buyer = TestBuyer::start(accept(), Answer::Reject);
+    let app = spawn_app_with(backend, &BuyerConfig::new("acme", 1).toml(&buyer.base)).await;
+    let id = app.submit(json!({"email": "retry@example.com"})).await;
+    let post = post_of(&app.wait_for_state(&id, "unsold").await);
+
+    buyer.set_post(post_delayed(1500));
+    let impatient = awc::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .finish();
+    let dropped = impatient
+        .post(app.url(&format!("/v1/attempts/{post}/retry")))
+        .insert_header(("Authorization", "Bearer test-admin-token"))
+        .send()
+        .await;
+    assert!(dropped.is_err(), "the client gave up before the answer");
+
+    let view = app.wait_for_state(&id, "sold").await;
+    assert_eq!(view["sold_to"], "acme");
+    assert_eq!(sales_to(&app, "acme").await.len(), 1);
+    let retried = view["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|attempt| attempt["retry_of"] == post.as_str())
+        .cloned()
+        .unwrap();
+    assert_eq!(retried["outcome"], "accepted");
+    assert_eq!(buyer.calls("post").len(), 2);
+}
+
+async fn a_retried_post_that_times_out_leaves_the_lead_unknown_with_an_alert(backend: Backend) {
+    let buyer = TestBuyer::start(accept(), Answer::Reject);
+    let config = BuyerConfig {
+        post_timeout: "500ms",
+        ..BuyerConfig::new("acme", 1)
+    };
+    let app = spawn_app_with(backend, &config.toml(&buyer.base)).await;
+    let id = app.submit(json!({"email": "hang@example.com"})).await;
+    let post = post_of(&app.wait_for_state(&id, "unsold").await);
+
+    buyer.set_post(Answer::Hang);
+    let retried = app
+        .admin_send("POST", &format!("/v1/attempts/{post}/retry"), json!({}))
+        .await;
+    assert_eq!(retried.status, 200, "{}", retried.text());
+    assert_eq!(retried.json()["outcome"], "timeout");
+    assert_eq!(app.lead(&id).await["lead_state"], "unknown");
+    let alerts = alert::Entity::find()
+        .filter(alert::Column::Kind.eq("post_timeout"))
+        .filter(alert::Column::LeadId.eq(id.as_str()))
+        .all(app.store.connection())
+        .await
+        .unwrap();
+    assert_eq!(alerts.len(), 1, "the timed-out retry raised an alert");
+    // Never re-sent: the sweep leaves an unknown lead alone.
+    actix_web::rt::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(buyer.calls("post").len(), 2);
+}
+
+async fn one_person_submitted_at_once_under_many_keys_is_one_routable_lead(backend: Backend) {
+    let app = spawn_app_with(backend, "").await;
+    let answers = join_all((0..12).map(|n| {
+        let body = json!({"email": "same@example.com", "phone": format!("555010{n:04}")});
+        let request = if n % 2 == 0 {
+            app.client
+                .post(app.url("/v1/leads?source=website"))
+                .insert_header(("Idempotency-Key", format!("form-{n}")))
+        } else {
+            app.client
+                .post(app.url("/v1/leads"))
+                .insert_header(("X-Api-Key", crate::helpers::PARTNER_KEY))
+                .insert_header(("Idempotency-Key", format!("feed-{n}")))
+        };
+        app.send(
+            request.insert_header(("Content-Type", "application/json")),
+            serde_json::to_vec(&body).unwrap(),
+        )
+    }))
+    .await;
+    assert!(answers.iter().all(|answer| answer.status < 300));
+    let leads = lead::Entity::find()
+        .all(app.store.connection())
+        .await
+        .unwrap();
+    assert_eq!(leads.len(), 12, "every submission is stored");
+    let routable: Vec<&lead::Model> = leads
+        .iter()
+        .filter(|lead| lead.state != "duplicate")
+        .collect();
+    assert_eq!(routable.len(), 1, "exactly one routable lead");
+    for lead in leads.iter().filter(|lead| lead.state == "duplicate") {
+        assert_eq!(lead.duplicate_of.as_deref(), Some(routable[0].id.as_str()));
+    }
+}
+
+#[actix_web::test]
+async fn one_person_at_two_instances_at_once_is_one_routable_lead() {
+    let one = spawn_app_with(Backend::Postgres, "").await;
+    let two = spawn_instance_of(&one, "").await;
+    for round in 0..5 {
+        join_all((0..10).map(|n| {
+            let app = if n % 2 == 0 { &one } else { &two };
+            app.submit(json!({"email": format!("person{round}@example.com"), "phone": format!("555{round}{n:06}")}))
+        }))
+        .await;
+    }
+    let leads = lead::Entity::find()
+        .all(one.store.connection())
+        .await
+        .unwrap();
+    assert_eq!(leads.len(), 50);
+    for round in 0..5 {
+        let email = format!("person{round}@example.com");
+        let person: Vec<&lead::Model> = leads
+            .iter()
+            .filter(|lead| lead.fields["email"] == email.as_str())
+            .collect();
+        let routable: Vec<&&lead::Model> = person
+            .iter()
+            .filter(|lead| lead.state != "duplicate")
+            .collect();
+        assert_eq!(routable.len(), 1, "{email}: one routable lead");
+        assert!(person
+            .iter()
+            .filter(|lead| lead.state == "duplicate")
+            .all(|lead| lead.duplicate_of.as_deref() == Some(routable[0].id.as_str())));
+    }
+    crate::helpers::close_stores().await;
+}
+
+async fn a_half_open_probe_lost_to_a_panic_does_not_keep_the_circuit_half_open(backend: Backend) {
+    let buyer = TestBuyer::start(Answer::Status(503), accept());
+    let config = BuyerConfig {
+        extra: "circuit = { failure_threshold = 1, open_for = \"500ms\", max_open_for = \"1s\" }",
+        ..BuyerConfig::new("flaky", 1)
+    };
+    let toml = format!(
+        "[faults]\nprobe_panics = {{ flaky = 1 }}\n{}",
+        config.toml(&buyer.base)
+    );
+    let app = spawn_app_with(backend, &toml).await;
+    let id = app.submit(json!({"email": "probe@example.com"})).await;
+    app.wait_for_state(&id, "unsold").await;
+    // The buyer is back; the probe that half-opening offers it panics.
+    buyer.set_ping(accept());
+
+    let view = app.wait_for_state(&id, "sold").await;
+    assert_eq!(view["sold_to"], "flaky");
+    let circuit = app.admin_get("/v1/buyers").await.json()[0]["circuit"].clone();
+    assert_eq!(circuit, "closed");
+    assert!(
+        view["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|attempt| attempt["reason"] == "interrupted"),
+        "the probe that panicked is in the history: {view}"
+    );
+}
+
+/// Makes every attempt of the feed lead with this external id fail to be
+/// written (a routing failure on our side), or lifts that again.
+async fn poison(app: &TestApp, backend: Backend, external_id: &str, on: bool) {
+    let statements: Vec<String> = match (backend, on) {
+        (Backend::Sqlite, true) => vec![format!(
+            "CREATE TRIGGER poison BEFORE INSERT ON attempts \
+             WHEN NEW.lead_id IN (SELECT id FROM leads WHERE external_id = '{external_id}') \
+             BEGIN SELECT RAISE(ABORT, 'poisoned'); END"
+        )],
+        (Backend::Sqlite, false) => vec!["DROP TRIGGER poison".into()],
+        (Backend::Postgres, true) => vec![
+            format!(
+                "CREATE FUNCTION poison() RETURNS trigger AS $$ BEGIN \
+                 IF EXISTS (SELECT 1 FROM leads WHERE id = NEW.lead_id AND external_id = '{external_id}') \
+                 THEN RAISE EXCEPTION 'poisoned'; END IF; RETURN NEW; END $$ LANGUAGE plpgsql"
+            ),
+            "CREATE TRIGGER poison BEFORE INSERT ON attempts \
+             FOR EACH ROW EXECUTE FUNCTION poison()"
+                .into(),
+        ],
+        (Backend::Postgres, false) => vec!["DROP TRIGGER poison ON attempts".into()],
+    };
+    for statement in statements {
+        execute(app, &statement).await;
+    }
+}
+
+async fn a_poison_lead_is_set_aside_while_other_leads_keep_selling(backend: Backend) {
+    let buyer = TestBuyer::start(accept(), accept());
+    let app = spawn_app_with(backend, &BuyerConfig::new("acme", 1).toml(&buyer.base)).await;
+    poison(&app, backend, "poison-1", true).await;
+    let poisoned = app
+        .post_feed_lead(&json!({"lead_id": "poison-1", "email": "poison@example.com"}))
+        .await
+        .json()["submission_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let healthy =
+        join_all((0..5).map(|n| app.submit(json!({"email": format!("ok{n}@example.com")})))).await;
+    for id in &healthy {
+        app.wait_for_state(id, "sold").await;
+    }
+    wait_until("the poison lead to be set aside", SETTLE, || async {
+        let row = app.store.find_lead(&poisoned).await.unwrap().unwrap();
+        row.set_aside_reason.is_some()
+    })
+    .await;
+    let row = app.store.find_lead(&poisoned).await.unwrap().unwrap();
+    assert_eq!(
+        row.route_failures, 5,
+        "the test configuration's failure_limit"
+    );
+    assert_eq!(row.state, "received");
+    let review = app.admin_get("/v1/review").await.json();
+    assert!(
+        review["leads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|lead| lead["id"] == poisoned.as_str()),
+        "in the review queue: {review}"
+    );
+    let view = app.lead(&poisoned).await;
+    assert!(
+        view["why"].as_str().unwrap().contains("set aside"),
+        "{view}"
+    );
+    let alerts = alert::Entity::find()
+        .filter(alert::Column::Kind.eq("routing_failed"))
+        .all(app.store.connection())
+        .await
+        .unwrap();
+    assert_eq!(alerts.len(), 1);
+    // Left alone until an operator acts: no more tries.
+    actix_web::rt::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        app.store
+            .find_lead(&poisoned)
+            .await
+            .unwrap()
+            .unwrap()
+            .route_failures,
+        5
+    );
+
+    poison(&app, backend, "poison-1", false).await;
+    let rerouted = app
+        .admin_send("POST", &format!("/v1/leads/{poisoned}/reroute"), json!({}))
+        .await;
+    assert_eq!(rerouted.status, 200, "{}", rerouted.text());
+    app.wait_for_state(&poisoned, "sold").await;
+}
+
+async fn skips_carry_their_reason_as_outcome(backend: Backend) {
+    let buyer = TestBuyer::start(accept(), accept());
+    let config = BuyerConfig {
+        extra: "filters = { state = [\"TX\"] }",
+        ..BuyerConfig::new("texas", 1)
+    };
+    let app = spawn_app_with(backend, &config.toml(&buyer.base)).await;
+    let id = app
+        .submit(json!({"email": "ca@example.com", "state": "CA"}))
+        .await;
+    let view = app.wait_for_state(&id, "unsold").await;
+    let skip = &view["attempts"][0];
+    assert_eq!(skip["kind"], "skip");
+    assert_eq!(skip["outcome"], "filtered");
+    assert_eq!(skip["reason"], "filtered");
+    assert!(
+        view["why"].as_str().unwrap().contains("skipped: filtered"),
+        "{view}"
+    );
+    let buyers = app.admin_get("/v1/buyers").await.json();
+    assert_eq!(buyers[0]["counts"]["skipped"], 1);
+}
