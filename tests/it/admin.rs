@@ -334,6 +334,22 @@ async fn a_returned_lead_is_offered_to_the_other_buyers(backend: Backend) {
         )
         .await;
     assert_eq!(unsold_return.json()["lead_state"], "unsold");
+    let returns = app.lead(&id).await["returns"].clone();
+    let kept: Vec<(Value, Value)> = returns
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| (entry["buyer_id"].clone(), entry["reason"].clone()))
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            (json!("first"), json!("disconnected phone")),
+            (json!("second"), json!("duplicate"))
+        ],
+        "every return is kept with its reason: {returns}"
+    );
+    assert!(returns[0]["at"].is_string());
 }
 
 async fn alerts_are_rate_limited_kept_and_sent_to_the_webhook(backend: Backend) {

@@ -21,6 +21,7 @@ on_both_databases!(
     kill_9_during_a_post_leaves_the_lead_unknown_and_never_resends,
     a_panicking_buyer_actor_is_restarted_and_its_lead_finished,
     sigterm_refuses_leads_releases_leases_and_exits_zero,
+    leads_unsold_in_an_outage_are_sold_after_kill_9_once_the_buyer_is_back,
 );
 
 const FINAL_STATES: [&str; 3] = ["sold", "unsold", "unknown"];
@@ -605,4 +606,113 @@ async fn sighup_reloads_the_configuration_file() {
     assert_eq!(sold["sold_to"], "second", "the new priorities hold");
     assert!(service.log().contains("configuration reloaded"));
     crate::helpers::close_stores().await;
+}
+
+async fn leads_unsold_in_an_outage_are_sold_after_kill_9_once_the_buyer_is_back(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
+    let buyer = TestBuyer::start(accept(), Answer::Status(503));
+    let config = ServiceConfig::write(
+        &database.url,
+        "2s",
+        &BuyerConfig::new("acme", 1).toml(&buyer.base),
+    );
+    let mut service = Service::start(&config).await;
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let answer = service
+            .app
+            .post_feed_lead(&feed_lead(&format!("outage-{n}")))
+            .await;
+        ids.push(answer.json()["submission_id"].as_str().unwrap().to_string());
+    }
+    for id in &ids {
+        service.app.wait_for_state(id, "unsold").await;
+    }
+    // Too few failures to open the circuit: no transition will ever come.
+    service.kill_9();
+    buyer.set_post(accept());
+
+    let service = Service::start(&config).await;
+    for id in &ids {
+        service.app.wait_for_state(id, "sold").await;
+    }
+    let posts = buyer.calls_per_lead("post");
+    assert!(
+        ids.iter().all(|id| posts.get(id) == Some(&2)),
+        "one failed post and one sale each: {posts:?}"
+    );
+    crate::helpers::close_stores().await;
+}
+
+#[actix_web::test]
+async fn a_walk_whose_lease_ran_out_in_a_database_cut_stops_before_its_next_call() {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    // The first buyer answers 4 s after the post; meanwhile instance one
+    // loses its database for longer than the 2 s lease.
+    let first = TestBuyer::start(
+        accept(),
+        Answer::Accept {
+            delay: Duration::from_secs(4),
+        },
+    );
+    let second = TestBuyer::start(accept(), accept());
+    let buyers = BuyerConfig::new("first", 1).toml(&first.base)
+        + &BuyerConfig::new("second", 2).toml(&second.base);
+    let proxy = TcpProxy::start(server_of(&database.url));
+    let mut cut_config =
+        ServiceConfig::write(&through(&database.url, proxy.address), "2s", &buyers);
+    cut_config.test_database_url = database.url.clone();
+    let direct_config = ServiceConfig::write(&database.url, "2s", &buyers);
+    let one = Service::start(&cut_config).await;
+    let two = Service::start(&direct_config).await;
+
+    let answer = one.app.post_feed_lead(&feed_lead("cut-walk")).await;
+    let lead_id = answer.json()["submission_id"].as_str().unwrap().to_string();
+    wait_until("the post to be out", Duration::from_secs(20), || async {
+        first.calls("post").len() == 1
+    })
+    .await;
+    proxy.cut();
+    two.app.wait_for_state(&lead_id, "unknown").await;
+    proxy.restore();
+    // Instance one hears the buyer's answer after losing the lead.
+    wait_until(
+        "instance one to see its claim gone",
+        Duration::from_secs(20),
+        || {
+            let seen = one.log().contains("recovery had settled");
+            async move { seen }
+        },
+    )
+    .await;
+
+    assert_eq!(first.calls("post").len(), 1, "never re-sent");
+    assert!(
+        second.calls("ping").is_empty() && second.calls("post").is_empty(),
+        "no instance went on to the next buyer"
+    );
+    let attempts = attempts_of(&two.app, &lead_id).await;
+    let post = attempts
+        .iter()
+        .find(|attempt| attempt.kind == "post")
+        .unwrap();
+    assert_eq!(
+        (post.outcome.as_str(), post.reason.as_deref()),
+        ("timeout", Some("interrupted")),
+        "the history written by the instance that took over stands"
+    );
+    assert_eq!(two.app.lead(&lead_id).await["lead_state"], "unknown");
+    assert!(
+        sales_of_lead(&two.app, &lead_id).await.is_empty(),
+        "left to an operator"
+    );
+    crate::helpers::close_stores().await;
+}
+
+async fn sales_of_lead(app: &TestApp, lead_id: &str) -> Vec<sale::Model> {
+    sale::Entity::find()
+        .filter(sale::Column::LeadId.eq(lead_id))
+        .all(app.store.connection())
+        .await
+        .unwrap()
 }

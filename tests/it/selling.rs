@@ -27,6 +27,7 @@ on_both_databases!(
     a_half_open_probe_lost_to_a_panic_does_not_keep_the_circuit_half_open,
     a_poison_lead_is_set_aside_while_other_leads_keep_selling,
     skips_carry_their_reason_as_outcome,
+    a_recovered_buyer_gets_back_every_lead_it_failed_not_a_page,
 );
 
 /// How long a selling scenario may take to settle.
@@ -551,4 +552,101 @@ async fn skips_carry_their_reason_as_outcome(backend: Backend) {
     );
     let buyers = app.admin_get("/v1/buyers").await.json();
     assert_eq!(buyers[0]["counts"]["skipped"], 1);
+}
+
+/// A lead stored unsold after `buyer_id` failed it with an error.
+fn unsold_after_an_error(n: usize, buyer_id: &str) -> (lead::ActiveModel, attempt::ActiveModel) {
+    use sea_orm::{IntoActiveModel, Set};
+    let now = chrono::Utc::now();
+    let id = format!("outage-{n:05}");
+    let lead = lead::Model {
+        id: id.clone(),
+        source_id: "website".into(),
+        idempotency_key: Some(id.clone()),
+        external_id: None,
+        state: "unsold".into(),
+        raw: b"{}".to_vec(),
+        raw_content_type: "application/json".into(),
+        fields: json!({"email": format!("{id}@example.com")}),
+        attribution: json!({}),
+        is_test: false,
+        errors: json!([]),
+        duplicate_of: None,
+        manager_notified: false,
+        crm_synced: false,
+        lease_owner: None,
+        lease_until: None,
+        received_at: now,
+        updated_at: now,
+        history_from: None,
+        offer_tried: false,
+        claim_token: None,
+        route_failures: 0,
+        route_after: None,
+        set_aside_reason: None,
+    };
+    let attempt = attempt::ActiveModel {
+        id: Set(format!("{id}-post")),
+        lead_id: Set(id),
+        buyer_id: Set(buyer_id.into()),
+        kind: Set("post".into()),
+        outcome: Set("error".into()),
+        reason: Set(Some("HTTP 503".into())),
+        http_status: Set(Some(503)),
+        started_at: Set(now - chrono::Duration::seconds(5)),
+        duration_ms: Set(Some(3)),
+        retry_of: Set(None),
+        request: Set(Value::Null),
+        response_body: Set(None),
+        snapshot: Set(json!({})),
+        bid: Set(None),
+        ping_id: Set(None),
+        instance_id: Set(None),
+    };
+    (lead.into_active_model(), attempt)
+}
+
+async fn a_recovered_buyer_gets_back_every_lead_it_failed_not_a_page(backend: Backend) {
+    let app = spawn_app_with(backend, "").await;
+    let rows: Vec<_> = (0..2_345)
+        .map(|n| unsold_after_an_error(n, "acme"))
+        .collect();
+    for chunk in rows.chunks(200) {
+        let (leads, attempts): (Vec<_>, Vec<_>) = chunk.iter().cloned().unzip();
+        lead::Entity::insert_many(leads)
+            .exec_without_returning(app.store.connection())
+            .await
+            .unwrap();
+        attempt::Entity::insert_many(attempts)
+            .exec_without_returning(app.store.connection())
+            .await
+            .unwrap();
+    }
+    // One lead the buyer rejected afterwards: its answer is final.
+    let mut rejected = rows.last().unwrap().1.clone();
+    rejected.id = sea_orm::Set("later-rejection".into());
+    rejected.outcome = sea_orm::Set("rejected".into());
+    rejected.started_at = sea_orm::Set(chrono::Utc::now());
+    attempt::Entity::insert(rejected)
+        .exec_without_returning(app.store.connection())
+        .await
+        .unwrap();
+
+    let now = chrono::Utc::now();
+    let day_ago = now - chrono::Duration::days(1);
+    let requeued = app
+        .store
+        .requeue_for_buyer("acme", day_ago, now, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        requeued, 2_344,
+        "every lead but the rejected one, past the first page"
+    );
+    let probe = app
+        .store
+        .requeue_for_buyer("other", day_ago, now, Some(1))
+        .await
+        .unwrap();
+    assert_eq!(probe, 0, "another buyer's failures are not this buyer's");
 }
