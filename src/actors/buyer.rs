@@ -231,8 +231,11 @@ impl Buyer {
     }
 
     fn skip(&self, offer: &OfferLead, reason: SkipReason) -> ResponseActFuture<Self, Offered> {
-        self.metrics
-            .attempt(&self.settings.id, "skip", reason.as_str());
+        self.metrics.attempt(
+            &self.settings.id,
+            AttemptKind::Skip.as_str(),
+            reason.as_str(),
+        );
         let store = self.store.clone();
         let attempt = self.attempt(offer, AttemptKind::Skip);
         Box::pin(

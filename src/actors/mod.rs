@@ -2,12 +2,22 @@
 //! restarted actor recovers from rows, never from a lost mailbox.
 //!
 //! ```text
-//! Overseer (starts the others under supervision, restart intensity)
-//! ├── Router   (which leads are routed now; sweeps, leases, drains)
-//! │   ├── Buyer × each configured buyer (client, slots, breaker, timeouts)
-//! │   └── Waterfall × each lead being routed (walks buyers, recovers history)
-//! ├── Intake   (intake log + group commit of leads, else the spool)
-//! └── SpoolDrainer (spooled leads into the database when it is back)
+//! Application::build (startup.rs) starts, in this order:
+//! ├── Store: the pool, and the attempt writer task (group commit of attempt
+//! │   rows; a panic restarts its loop, and the writes it held fail, which
+//! │   the callers treat as calls not recorded)
+//! ├── Alerts: the webhook sender task (deliveries only; every alert is
+//! │   also kept in the database)
+//! └── Overseer::start: actix::Supervisor children, one-for-one, restart
+//!     intensity kept by RestartLog (exceeded: the service stops)
+//!     ├── Router (supervised): claims, sweeps, leases, settles, re-offers;
+//!     │   owns operators' retries (retry.rs) as futures of its own
+//!     │   ├── Buyer × each buyer (supervised; started once by the router's
+//!     │   │   start closure, and by reloads: client, slots, breaker, timeouts)
+//!     │   └── Waterfall × each lead being routed (temporary: never
+//!     │       restarted; a dead walk's lead is let go and swept up again)
+//!     ├── Intake (supervised): intake log + group commit of leads, else the spool
+//!     └── SpoolDrainer (supervised): spooled leads into the database when it is back
 //! ```
 
 pub mod buyer;

@@ -12,7 +12,7 @@ use super::accept::{number_at, text_at, AcceptCheck};
 use super::call::{exchange, Exchange};
 use super::request::{BuyerRequest, PingResult};
 use crate::config::BuyerSettings;
-use crate::domain::{CallKind, CallOutcome, SkipReason};
+use crate::domain::{AttemptKind, CallKind, CallOutcome, SkipReason};
 use crate::metrics::Metrics;
 use crate::store::{AttemptEnd, Begun, CapSlot, NewAttempt, SaleOf, Store, Written};
 
@@ -82,7 +82,11 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
         Ok(Begun::Call(id)) => id,
         Ok(Begun::Fenced) => return Offered::Fenced,
         Ok(Begun::Capped) => {
-            metrics.attempt(&settings.id, "skip", SkipReason::Capped.as_str());
+            metrics.attempt(
+                &settings.id,
+                AttemptKind::Skip.as_str(),
+                SkipReason::Capped.as_str(),
+            );
             return Offered::Skipped(SkipReason::Capped);
         }
         Err(error) => {

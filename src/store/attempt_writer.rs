@@ -9,7 +9,10 @@
 //! only with its cap slots reserved, an answer only onto a row still
 //! `in_flight`, a sale together with its accepted post.
 
+use std::panic::AssertUnwindSafe;
+
 use chrono::Utc;
+use futures_util::FutureExt;
 use sea_orm::sea_query::{Expr, OnConflict};
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
@@ -83,8 +86,18 @@ pub(super) struct AttemptWriter {
 impl AttemptWriter {
     /// Starts the writer task on the current actix/tokio runtime.
     pub(super) fn start(db: DatabaseConnection) -> Self {
-        let (queue, requests) = mpsc::unbounded_channel();
-        actix_web::rt::spawn(write_forever(db, requests));
+        let (queue, mut requests) = mpsc::unbounded_channel();
+        actix_web::rt::spawn(async move {
+            // A panic drops the batch it held (those callers see the writer
+            // gone: their calls count as not recorded) and the loop goes on.
+            while AssertUnwindSafe(write_forever(&db, &mut requests))
+                .catch_unwind()
+                .await
+                .is_err()
+            {
+                tracing::error!("the attempt writer panicked; restarting it");
+            }
+        });
         Self { queue }
     }
 
@@ -97,7 +110,7 @@ impl AttemptWriter {
     }
 }
 
-async fn write_forever(db: DatabaseConnection, mut requests: mpsc::UnboundedReceiver<Request>) {
+async fn write_forever(db: &DatabaseConnection, requests: &mut mpsc::UnboundedReceiver<Request>) {
     while let Some(first) = requests.recv().await {
         let mut batch = vec![first];
         while batch.len() < MAX_WRITES {
@@ -107,7 +120,7 @@ async fn write_forever(db: DatabaseConnection, mut requests: mpsc::UnboundedRece
             }
         }
         let (writes, replies): (Vec<AttemptWrite>, Vec<_>) = batch.into_iter().unzip();
-        match commit(&db, &writes).await {
+        match commit(db, &writes).await {
             Ok(results) => replies
                 .into_iter()
                 .zip(results)
@@ -117,7 +130,7 @@ async fn write_forever(db: DatabaseConnection, mut requests: mpsc::UnboundedRece
             // One bad write must not fail its neighbours: retry each alone.
             Err(_) if writes.len() > 1 => {
                 for (write, reply) in writes.into_iter().zip(replies) {
-                    let result = commit(&db, std::slice::from_ref(&write)).await;
+                    let result = commit(db, std::slice::from_ref(&write)).await;
                     let result = result.map(|mut results| results.remove(0));
                     let _ = reply.send(result.map_err(|error| error.to_string()));
                 }
