@@ -28,7 +28,7 @@ use crate::buyer::recorded_call::{make_call, CallPlan, Offered};
 use crate::buyer::request::{self, LeadOffer, PingResult};
 use crate::buyer::slots::Slots;
 use crate::config::BuyerSettings;
-use crate::domain::{AttemptKind, CallKind, CallOutcome, SkipReason};
+use crate::domain::{AttemptKind, CallKind, CallOutcome, ClaimToken, LeadId, SkipReason};
 use crate::metrics::Metrics;
 use crate::store::{NewAttempt, Store, Written};
 
@@ -50,7 +50,7 @@ pub struct OfferLead {
     pub ping: PingResult,
     pub instance_id: Arc<str>,
     /// The claim the lead is held under; the call is made only while it holds.
-    pub claim_token: String,
+    pub claim_token: ClaimToken,
     /// An operator's retry: the attempt replayed, with the settings its
     /// snapshot froze (used instead of the buyer's current ones).
     pub retry: Option<Retry>,
@@ -218,7 +218,7 @@ impl Buyer {
 
     fn attempt(&self, offer: &OfferLead, kind: AttemptKind) -> NewAttempt {
         NewAttempt {
-            lead_id: offer.lead.lead_id.clone(),
+            lead_id: LeadId::from(offer.lead.lead_id.as_str()),
             buyer_id: self.settings.id.clone(),
             kind,
             request: serde_json::Value::Null,

@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 use super::router::RouteLeads;
 use super::supervision::{guarded, RestartLog};
 use crate::alerts::{AlertKind, Alerts};
-use crate::domain::{Contract, LeadState};
+use crate::domain::{Contract, LeadId, LeadState};
 use crate::spool::{Spool, SpooledLead};
 use crate::store::{
     contract_of_row, is_unreachable, DuplicateRule, NewLead, PersistOutcome, Store,
@@ -292,10 +292,10 @@ fn raise_later(alerts: &Alerts, kind: AlertKind, message: String) {
 }
 
 /// A newly stored lead that waits to be routed.
-pub(super) fn routable_id(outcome: &PersistOutcome) -> Option<String> {
+pub(super) fn routable_id(outcome: &PersistOutcome) -> Option<LeadId> {
     match outcome {
         PersistOutcome::Inserted(row) if row.state == LeadState::Received.as_str() => {
-            Some(row.id.clone())
+            Some(LeadId::from(row.id.as_str()))
         }
         _ => None,
     }

@@ -19,7 +19,9 @@ use crate::alerts::AlertKind;
 use crate::buyer::recorded_call::Offered;
 use crate::buyer::request::{LeadOffer, PingResult};
 use crate::config::{buyer_from_snapshot, BuyerSettings};
-use crate::domain::{AttemptKind, AttemptOutcome, CallKind, CallOutcome, LeadState};
+use crate::domain::{
+    AttemptKind, AttemptOutcome, CallKind, CallOutcome, ClaimToken, LeadId, LeadState,
+};
 use crate::store::{HeldLead, LeadEnd};
 
 /// Replay this attempt; answers the new attempt row.
@@ -52,17 +54,17 @@ pub struct Held {
     kind: CallKind,
     buyer: BuyerHandle,
     settings: BuyerSettings,
-    token: String,
+    token: ClaimToken,
     /// The state the lead goes back to when the retry decides nothing.
     previous: LeadState,
 }
 
 impl Held {
-    pub fn lead_id(&self) -> &str {
-        &self.lead.id
+    pub fn lead_id(&self) -> LeadId {
+        LeadId::from(self.lead.id.as_str())
     }
 
-    pub fn token(&self) -> &str {
+    pub fn token(&self) -> &ClaimToken {
         &self.token
     }
 }
@@ -121,7 +123,12 @@ pub async fn hold(routing: &RoutingContext, attempt_id: &str) -> Result<Held, Re
     })?;
     let owner = format!("{}:retry", routing.instance_id);
     let token = store
-        .claim_settled(&lead.id, previous, &owner, routing.lease)
+        .claim_settled(
+            &LeadId::from(lead.id.as_str()),
+            previous,
+            &owner,
+            routing.lease,
+        )
         .await?
         .ok_or_else(|| RetryError::Conflict("the lead changed meanwhile; try again".into()))?;
     Ok(Held {
@@ -192,7 +199,7 @@ pub async fn replay(routing: &RoutingContext, held: Held) -> Result<attempt::Mod
     };
     if let Some(state) = end {
         let release = HeldLead {
-            lead_id: lead_id.clone(),
+            lead_id: LeadId::from(lead_id.as_str()),
             token: held.token,
             end: LeadEnd::State(state),
         };

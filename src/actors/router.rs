@@ -34,7 +34,7 @@ use super::supervision::{guarded, RestartLog};
 use super::waterfall::{RoutingContext, WalkEnd, Waterfall, WaterfallFinished};
 use crate::alerts::AlertKind;
 use crate::config::BuyerSettings;
-use crate::domain::LeadState;
+use crate::domain::{ClaimToken, LeadId, LeadState};
 use crate::store::{Claimed, HeldLead, LeadEnd};
 
 /// Waterfalls running at once in one instance.
@@ -46,7 +46,7 @@ const REROUTE_WITHIN: chrono::Duration = chrono::Duration::days(1);
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct RouteLeads {
-    pub lead_ids: Vec<String>,
+    pub lead_ids: Vec<LeadId>,
 }
 
 /// Graceful shutdown: stop routing, give the waterfalls `grace` to end,
@@ -73,9 +73,9 @@ pub struct Router {
     /// For buyers a reload adds.
     environment: BuyerEnvironment,
     /// Leads held now (walks and retries), with their claim tokens.
-    active: HashMap<String, String>,
+    active: HashMap<LeadId, ClaimToken>,
     /// Leads a claim by id is being made for.
-    claiming: HashSet<String>,
+    claiming: HashSet<LeadId>,
     /// More leads wait in the database than were started.
     backlog: bool,
     sweeping: bool,
@@ -121,19 +121,19 @@ impl Router {
 
     /// Claims the leads that fit (one UPDATE for all), then starts a
     /// waterfall for each lead claimed; the rest wait as rows.
-    fn claim_and_start(&mut self, lead_ids: Vec<String>, ctx: &mut Context<Self>) {
+    fn claim_and_start(&mut self, lead_ids: Vec<LeadId>, ctx: &mut Context<Self>) {
         if self.draining() {
             return;
         }
         let room = self.room();
-        let fresh: Vec<String> = lead_ids
+        let fresh: Vec<LeadId> = lead_ids
             .into_iter()
             .filter(|id| !self.active.contains_key(id) && !self.claiming.contains(id))
             .collect();
         if fresh.len() > room {
             self.backlog = true;
         }
-        let wanted: Vec<String> = fresh.into_iter().take(room).collect();
+        let wanted: Vec<LeadId> = fresh.into_iter().take(room).collect();
         if wanted.is_empty() {
             return;
         }
@@ -151,7 +151,10 @@ impl Router {
             .map(|(wanted, claimed), router, ctx| {
                 let claimed = claimed.unwrap_or_else(|error| {
                     tracing::error!(%error, "could not claim leads; the sweep will try again");
-                    Claimed::default()
+                    Claimed {
+                        token: ClaimToken::fresh(),
+                        lead_ids: Vec::new(),
+                    }
                 });
                 for lead_id in &wanted {
                     router.claiming.remove(lead_id);
@@ -230,8 +233,8 @@ impl Router {
         if self.active.is_empty() {
             return;
         }
-        let tokens: HashSet<&String> = self.active.values().collect();
-        let tokens: Vec<String> = tokens.into_iter().cloned().collect();
+        let tokens: HashSet<&ClaimToken> = self.active.values().collect();
+        let tokens: Vec<ClaimToken> = tokens.into_iter().cloned().collect();
         let held = self.active.len();
         let routing = self.routing.clone();
         ctx.spawn(actix::fut::wrap_future(async move {
@@ -284,7 +287,7 @@ impl Router {
                         );
                         routing
                             .alerts
-                            .raise(AlertKind::RoutingFailed, None, Some(lead_id), &message)
+                            .raise(AlertKind::RoutingFailed, None, Some(lead_id.as_str()), &message)
                             .await;
                     }
                 }
@@ -450,10 +453,8 @@ impl Handler<RetryAttempt> for Router {
                                 as ResponseActFuture<Self, _>;
                         }
                     };
-                    let lead_id = held.lead_id().to_string();
-                    router
-                        .active
-                        .insert(lead_id.clone(), held.token().to_string());
+                    let lead_id = held.lead_id();
+                    router.active.insert(lead_id.clone(), held.token().clone());
                     Box::pin(
                         async move { retry::replay(&routing, held).await }
                             .into_actor(router)

@@ -30,7 +30,9 @@ use crate::alerts::{AlertKind, Alerts};
 use crate::buyer::recorded_call::{sale_price, Offered};
 use crate::buyer::request::{LeadOffer, PingResult};
 use crate::config::{buyer_from_snapshot, BuyerSettings};
-use crate::domain::{AttemptKind, AttemptOutcome, CallKind, CallOutcome, LeadState, SkipReason};
+use crate::domain::{
+    AttemptKind, AttemptOutcome, CallKind, CallOutcome, ClaimToken, LeadId, LeadState, SkipReason,
+};
 use crate::store::{
     is_unreachable, CapSlot, FailurePolicy, LeadEnd, NewAttempt, SaleOf, Store, Written,
 };
@@ -53,7 +55,7 @@ pub struct RoutingContext {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct WaterfallFinished {
-    pub lead_id: String,
+    pub lead_id: LeadId,
     pub end: WalkEnd,
 }
 
@@ -69,8 +71,8 @@ pub enum WalkEnd {
 }
 
 pub struct Waterfall {
-    lead_id: String,
-    claim_token: String,
+    lead_id: LeadId,
+    claim_token: ClaimToken,
     routing: Arc<RoutingContext>,
     router: Recipient<WaterfallFinished>,
     end: Option<WalkEnd>,
@@ -78,8 +80,8 @@ pub struct Waterfall {
 
 impl Waterfall {
     pub fn new(
-        lead_id: String,
-        claim_token: String,
+        lead_id: LeadId,
+        claim_token: ClaimToken,
         routing: Arc<RoutingContext>,
         router: Recipient<WaterfallFinished>,
     ) -> Self {
@@ -180,9 +182,9 @@ impl RouteError {
 }
 
 /// Routes a lead the router claimed for us under `token`.
-async fn route(routing: &RoutingContext, lead_id: &str, token: &str) -> WalkEnd {
-    let row = match routing.store.find_lead(lead_id).await {
-        Ok(Some(row)) if row.claim_token.as_deref() == Some(token) => row,
+async fn route(routing: &RoutingContext, lead_id: &LeadId, token: &ClaimToken) -> WalkEnd {
+    let row = match routing.store.find_lead(lead_id.as_str()).await {
+        Ok(Some(row)) if row.claim_token.as_deref() == Some(token.as_str()) => row,
         Ok(_) => return WalkEnd::Lost,
         Err(error) => return RouteError::from(error).end(0),
     };
@@ -196,7 +198,7 @@ async fn route(routing: &RoutingContext, lead_id: &str, token: &str) -> WalkEnd 
 async fn route_claimed(
     routing: &RoutingContext,
     row: &lead::Model,
-    token: &str,
+    token: &ClaimToken,
 ) -> Result<WalkEnd, RouteError> {
     let store = &routing.store;
     let mut history = store.attempts_of(&row.id).await?;
@@ -321,7 +323,7 @@ fn finished_buyers(history: &[attempt::Model]) -> HashSet<String> {
 async fn walk(
     routing: &RoutingContext,
     row: &lead::Model,
-    token: &str,
+    token: &ClaimToken,
     finished: &HashSet<String>,
 ) -> Result<WalkEnd, RouteError> {
     let store = &routing.store;
@@ -335,14 +337,14 @@ async fn walk(
         }
         let skip = |reason: SkipReason| {
             let attempt = NewAttempt {
-                lead_id: row.id.clone(),
+                lead_id: LeadId::from(row.id.as_str()),
                 buyer_id: settings.id.clone(),
                 kind: AttemptKind::Skip,
                 request: Value::Null,
                 snapshot: settings.snapshot.clone(),
                 retry_of: None,
                 instance_id: routing.instance_id.to_string(),
-                claim_token: token.to_string(),
+                claim_token: token.clone(),
                 caps: Vec::new(),
             };
             async move {
@@ -371,7 +373,7 @@ async fn walk(
             kind,
             ping,
             instance_id: routing.instance_id.clone(),
-            claim_token: token.to_string(),
+            claim_token: token.clone(),
             retry: None,
         };
 

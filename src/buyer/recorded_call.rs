@@ -122,7 +122,7 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
     let recorded = match (kind, answer.outcome) {
         (CallKind::Post, CallOutcome::Accepted) => {
             let price = sale_price(&settings, answer.body.as_deref(), ping.bid);
-            return sell(&store, report, end, &lead_id, &settings.id, price).await;
+            return sell(&store, report, end, lead_id.as_str(), &settings.id, price).await;
         }
         // A post that cannot have sold gives its cap slots back.
         (CallKind::Post, CallOutcome::Rejected | CallOutcome::Error) => {

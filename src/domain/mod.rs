@@ -4,11 +4,13 @@
 mod attempt;
 pub mod base64_bytes;
 mod contract;
+mod ids;
 mod normalize;
 mod payload;
 
 pub use attempt::{AttemptKind, AttemptOutcome, CallKind, CallOutcome, SkipReason, INTERRUPTED};
 pub use contract::{Acceptance, Contract, FieldError, LeadState};
+pub use ids::{ClaimToken, LeadId};
 pub use normalize::{
     check_fields, normalize, normalize_parsed, Normalized, RequestMeta, ATTRIBUTION_KEYS,
 };

@@ -14,7 +14,7 @@ use super::leads::{find, full_view, AttemptView, LeadView};
 use super::{Admin, ApiError, AppState};
 use crate::actors::retry::{RetryAttempt, RetryError};
 use crate::actors::router::RouteLeads;
-use crate::domain::check_fields;
+use crate::domain::{check_fields, LeadId};
 use crate::reload::{reload as reload_settings, ReloadError, ReloadReport};
 use crate::store::Settlement;
 
@@ -325,6 +325,6 @@ pub struct ReloadRefused {
 /// Hands a lead to the router; the sweep finds it anyway should this be lost.
 fn route(state: &AppState, lead_id: &str) {
     state.tree.router.do_send(RouteLeads {
-        lead_ids: vec![lead_id.to_string()],
+        lead_ids: vec![LeadId::from(lead_id)],
     });
 }

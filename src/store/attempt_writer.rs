@@ -24,7 +24,7 @@ use entity::{attempt, lead, sale};
 
 use super::caps::{self, CapSlot};
 use super::AttemptEnd;
-use crate::domain::{AttemptKind, AttemptOutcome, LeadState, SkipReason};
+use crate::domain::{AttemptKind, AttemptOutcome, ClaimToken, LeadId, LeadState, SkipReason};
 
 /// Most writes in one transaction.
 const MAX_WRITES: usize = 256;
@@ -32,8 +32,8 @@ const MAX_WRITES: usize = 256;
 /// The claim a write is made under: lead id and claim token.
 #[derive(Debug, Clone)]
 pub struct Fence {
-    pub lead_id: String,
-    pub token: String,
+    pub lead_id: LeadId,
+    pub token: ClaimToken,
 }
 
 /// One change to the attempts table.

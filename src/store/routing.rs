@@ -21,13 +21,14 @@ use super::caps::CapSlot;
 use super::operations::new_sale;
 use super::Store;
 use crate::domain::{
-    new_id, AttemptKind, AttemptOutcome, CallOutcome, LeadState, SkipReason, INTERRUPTED,
+    new_id, AttemptKind, AttemptOutcome, CallOutcome, ClaimToken, LeadId, LeadState, SkipReason,
+    INTERRUPTED,
 };
 
 /// An attempt about to be made (a call), or a skip.
 #[derive(Debug, Clone)]
 pub struct NewAttempt {
-    pub lead_id: String,
+    pub lead_id: LeadId,
     pub buyer_id: String,
     pub kind: AttemptKind,
     pub request: Value,
@@ -35,7 +36,7 @@ pub struct NewAttempt {
     pub retry_of: Option<String>,
     pub instance_id: String,
     /// The claim the lead is held under: the row is written only while it holds.
-    pub claim_token: String,
+    pub claim_token: ClaimToken,
     /// For a post: the cap slots it takes (see `store::caps`).
     pub caps: Vec<CapSlot>,
 }
@@ -74,17 +75,17 @@ pub struct OutcomeCounts {
 }
 
 /// Leads just claimed, and the token that fences every write made for them.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Claimed {
-    pub token: String,
-    pub lead_ids: Vec<String>,
+    pub token: ClaimToken,
+    pub lead_ids: Vec<LeadId>,
 }
 
 /// How a held lead is let go.
 #[derive(Debug, Clone)]
 pub struct HeldLead {
-    pub lead_id: String,
-    pub token: String,
+    pub lead_id: LeadId,
+    pub token: ClaimToken,
     pub end: LeadEnd,
 }
 
@@ -125,7 +126,7 @@ fn attempt_row(id: &str, new: NewAttempt, outcome: AttemptOutcome) -> attempt::A
     };
     attempt::ActiveModel {
         id: Set(id.to_string()),
-        lead_id: Set(new.lead_id),
+        lead_id: Set(new.lead_id.to_string()),
         buyer_id: Set(new.buyer_id),
         kind: Set(new.kind.as_str().into()),
         outcome: Set(outcome.as_str().into()),
@@ -190,7 +191,7 @@ fn claim_statement(
 /// Who takes leads, under which token, until when.
 struct Holder<'a> {
     owner: &'a str,
-    token: String,
+    token: ClaimToken,
     until: DateTime<Utc>,
 }
 
@@ -198,7 +199,7 @@ impl<'a> Holder<'a> {
     fn new(owner: &'a str, lease: Duration) -> Self {
         Self {
             owner,
-            token: new_id(),
+            token: ClaimToken::fresh(),
             until: lease_end(lease),
         }
     }
@@ -250,14 +251,11 @@ impl Store {
     /// out). Returns the ids now held by `owner` and their token.
     pub async fn claim_leads(
         &self,
-        lead_ids: &[String],
+        lead_ids: &[LeadId],
         owner: &str,
         lease: Duration,
     ) -> Result<Claimed, DbErr> {
-        if lead_ids.is_empty() {
-            return Ok(Claimed::default());
-        }
-        let ids = lead_ids.iter().map(String::as_str);
+        let ids = lead_ids.iter().map(LeadId::as_str);
         let pick = lead::Entity::find().filter(lead::Column::Id.is_in(ids));
         self.claim(pick, lead_ids.len() as u64, owner, lease).await
     }
@@ -290,13 +288,14 @@ impl Store {
         claim_statement(pick, limit, &holder, Utc::now())
             .exec(&self.db)
             .await?;
-        let lead_ids = lead::Entity::find()
+        let lead_ids: Vec<String> = lead::Entity::find()
             .select_only()
             .column(lead::Column::Id)
             .filter(lead::Column::ClaimToken.eq(holder.token.as_str()))
             .into_tuple()
             .all(&self.db)
             .await?;
+        let lead_ids = lead_ids.into_iter().map(LeadId::from).collect();
         Ok(Claimed {
             token: holder.token,
             lead_ids,
@@ -307,14 +306,14 @@ impl Store {
     /// like any other; the token, or `None` when its state changed.
     pub async fn claim_settled(
         &self,
-        lead_id: &str,
+        lead_id: &LeadId,
         from: LeadState,
         owner: &str,
         lease: Duration,
-    ) -> Result<Option<String>, DbErr> {
+    ) -> Result<Option<ClaimToken>, DbErr> {
         let holder = Holder::new(owner, lease);
         let held = held_by(lead::Entity::update_many(), &holder, Utc::now())
-            .filter(lead::Column::Id.eq(lead_id))
+            .filter(lead::Column::Id.eq(lead_id.as_str()))
             .filter(lead::Column::State.eq(from.as_str()))
             .exec(&self.db)
             .await?
@@ -327,12 +326,12 @@ impl Store {
     /// claim is still current and its lease has not run out: after a cut
     /// longer than the lease another instance may hold the lead. Returns
     /// how many leads are still held.
-    pub async fn renew_leases(&self, tokens: &[String], lease: Duration) -> Result<u64, DbErr> {
+    pub async fn renew_leases(&self, tokens: &[ClaimToken], lease: Duration) -> Result<u64, DbErr> {
         let mut held = 0;
         for chunk in tokens.chunks(500) {
             held += lead::Entity::update_many()
                 .col_expr(lead::Column::LeaseUntil, Expr::value(lease_end(lease)))
-                .filter(lead::Column::ClaimToken.is_in(chunk.iter().map(String::as_str)))
+                .filter(lead::Column::ClaimToken.is_in(chunk.iter().map(ClaimToken::as_str)))
                 .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
                 .filter(lead::Column::LeaseUntil.gt(Utc::now()))
                 .exec(&self.db)
@@ -379,7 +378,7 @@ impl Store {
         &self,
         held: &[HeldLead],
         policy: FailurePolicy,
-    ) -> Result<(u64, Vec<String>), DbErr> {
+    ) -> Result<(u64, Vec<LeadId>), DbErr> {
         let txn = self.db.begin().await?;
         let now = Utc::now();
         let release = |update: sea_orm::UpdateMany<lead::Entity>| {
