@@ -68,7 +68,9 @@ pub async fn run(settings: &Settings, source_id: &str, since: Duration) -> anyho
             report.changed += 1;
             let was = LeadState::parse(&lead.state);
             if was == Some(LeadState::Invalid) {
-                store.fix_invalid_lead(&lead.id, fields, &errors).await?;
+                store
+                    .fix_invalid_lead(&lead.id, fields, &errors, &settings.duplicate_rule())
+                    .await?;
                 report.now_valid += u64::from(errors.is_empty());
             } else {
                 report.now_invalid +=

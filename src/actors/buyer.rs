@@ -30,15 +30,16 @@ use crate::buyer::slots::Slots;
 use crate::config::BuyerSettings;
 use crate::domain::{AttemptKind, CallKind, CallOutcome, ClaimToken, LeadId, SkipReason};
 use crate::metrics::Metrics;
-use crate::store::{NewAttempt, Store, Written};
+use crate::store::{CapSlot, NewAttempt, Store, Written};
 
 /// Idle connections are dropped before common server keep-alives (5 s)
 /// would close them under us: a post on a dead pooled connection would
 /// otherwise look like "sent, no answer".
 const CONNECTION_KEEP_ALIVE: Duration = Duration::from_secs(4);
 /// A half-open probe that has not reported this long after its timeout
-/// (its call was lost) is counted as failed.
-const PROBE_GRACE: Duration = Duration::from_secs(1);
+/// (its call was lost) is counted as failed. Generous: the call also waits
+/// for its attempt row's commits, which a slow database stretches.
+const PROBE_GRACE: Duration = Duration::from_secs(30);
 
 /// Offer a lead to this buyer: one ping or one post.
 #[derive(Message)]
@@ -101,9 +102,10 @@ pub struct Buyer {
     /// Half-open probes not yet reported (each also has a deadline).
     open_probes: HashSet<u64>,
     next_probe: u64,
-    /// Whether the buyer answered since we last saw it fail (or since the
-    /// actor started): when it answers again, its failed leads are offered again.
-    answering: bool,
+    /// Whether the buyer answered since the actor started: its first
+    /// answer offers its failed leads again (an outage may have outlived a
+    /// crash). After that, a circuit closing does.
+    answered_since_start: bool,
     latencies: Latencies,
     store: Store,
     board: Board,
@@ -177,7 +179,7 @@ impl Buyer {
             slots: Slots::default(),
             open_probes: HashSet::new(),
             next_probe: 0,
-            answering: false,
+            answered_since_start: false,
             latencies: Latencies::default(),
             store,
             board,
@@ -312,11 +314,26 @@ impl Buyer {
         if let Some(state) = self.breaker.record(admission, success, now) {
             self.circuit_changed(state, ctx);
         }
-        if success && !self.answering {
+        if success && !self.answered_since_start {
+            self.answered_since_start = true;
             self.reoffer(None);
         }
-        self.answering = success;
         self.publish();
+    }
+
+    /// Counts the sales already made in each cap's period, for a counter
+    /// that does not exist yet (a cap just configured, the first start).
+    fn seed_caps(&self, ctx: &mut Context<Self>) {
+        let slots = CapSlot::for_post(&self.settings, Utc::now());
+        if slots.is_empty() {
+            return;
+        }
+        let store = self.store.clone();
+        ctx.spawn(actix::fut::wrap_future(async move {
+            if let Err(error) = store.seed_caps(&slots).await {
+                tracing::warn!(%error, "could not seed the cap counters; they count from the next post");
+            }
+        }));
     }
 
     /// Asks the router to offer this buyer its failed leads again.
@@ -405,15 +422,16 @@ impl Actor for Buyer {
 
     /// Also after a restart: until the buyer is seen answering, one of the
     /// leads it failed is offered again now and every `circuit.open_for`,
-    /// so an outage that outlived a crash or a quiet spell still ends in
-    /// its leads being sold.
+    /// so an outage that outlived a crash still ends in its leads being
+    /// sold, even with no new lead arriving.
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(1024);
         self.client = Some(client_for(&self.settings));
         self.publish();
+        self.seed_caps(ctx);
         self.reoffer(Some(1));
         ctx.run_interval(self.settings.circuit.open_for, |buyer, _ctx| {
-            if !buyer.answering && buyer.breaker.state() != CircuitState::Open {
+            if !buyer.answered_since_start && buyer.breaker.state() != CircuitState::Open {
                 buyer.reoffer(Some(1));
             }
         });
@@ -428,7 +446,7 @@ impl Supervised for Buyer {
         self.slots.reset();
         self.breaker.reset_probes();
         self.open_probes.clear();
-        self.answering = false;
+        self.answered_since_start = false;
         self.publish();
     }
 }
@@ -498,7 +516,7 @@ impl Handler<OfferLead> for Buyer {
 impl Handler<Reconfigure> for Buyer {
     type Result = ();
 
-    fn handle(&mut self, message: Reconfigure, _ctx: &mut Context<Self>) {
+    fn handle(&mut self, message: Reconfigure, ctx: &mut Context<Self>) {
         let settings = message.settings;
         tracing::info!(buyer_id = %settings.id, "buyer reconfigured");
         self.ping_check = accept_check(&settings, CallKind::Ping);
@@ -511,6 +529,7 @@ impl Handler<Reconfigure> for Buyer {
         self.client = Some(client_for(&settings));
         self.settings = settings;
         self.publish();
+        self.seed_caps(ctx);
     }
 }
 

@@ -24,7 +24,7 @@ use crate::buyer::board::Board;
 use crate::config::Settings;
 use crate::metrics::Metrics;
 use crate::spool::Spool;
-use crate::store::{DuplicateRule, FailurePolicy, Store};
+use crate::store::{FailurePolicy, Store};
 
 /// Addresses of the running actors, for the HTTP handlers.
 #[derive(Clone)]
@@ -137,10 +137,7 @@ impl Overseer {
             })
         };
         let rules = IntakeRules {
-            duplicates: DuplicateRule {
-                window: settings.intake.duplicate_window,
-                keys: settings.intake.duplicate_keys.clone(),
-            },
+            duplicates: settings.duplicate_rule(),
             awaiting_required_notify: settings.notify.iter().any(|channel| channel.required),
             write_deadline: settings.database.acquire_timeout * 2,
         };

@@ -108,6 +108,9 @@ pub async fn hold(routing: &RoutingContext, attempt_id: &str) -> Result<Held, Re
             )))
         }
     };
+    if previous == LeadState::Unknown {
+        only_the_unknown_post(store, &lead, &original).await?;
+    }
     let settings = buyer_from_snapshot(&original.snapshot).map_err(|problems| {
         let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();
         RetryError::Conflict(format!(
@@ -140,6 +143,34 @@ pub async fn hold(routing: &RoutingContext, attempt_id: &str) -> Result<Held, Re
         token,
         previous,
     })
+}
+
+/// An `unknown` lead may have been sold by its unanswered post: a retry
+/// may only ask that same buyer again (the buyer dedupes on the same
+/// Idempotency-Key), never offer the lead to another one.
+async fn only_the_unknown_post(
+    store: &crate::store::Store,
+    lead: &lead::Model,
+    original: &attempt::Model,
+) -> Result<(), RetryError> {
+    let timeout = Some(AttemptOutcome::Call(CallOutcome::Timeout));
+    let unanswered: Vec<String> = store
+        .attempts_of(&lead.id)
+        .await?
+        .into_iter()
+        .filter(|attempt| {
+            AttemptKind::parse(&attempt.kind) == Some(AttemptKind::POST)
+                && AttemptOutcome::parse(&attempt.outcome) == timeout
+        })
+        .map(|attempt| attempt.buyer_id)
+        .collect();
+    if unanswered.iter().all(|buyer| *buyer == original.buyer_id) {
+        return Ok(());
+    }
+    Err(RetryError::Conflict(format!(
+        "the lead is unknown: its post to {} may have sold it; retry that post or resolve the lead first",
+        unanswered.join(", ")
+    )))
 }
 
 /// Makes the retried call, lets the lead go, and answers the new row.

@@ -74,6 +74,8 @@ pub struct Router {
     environment: BuyerEnvironment,
     /// Leads held now (walks and retries), with their claim tokens.
     active: HashMap<LeadId, ClaimToken>,
+    /// Those of `active` held by a retry (a future of ours: a restart drops it).
+    retrying: HashSet<LeadId>,
     /// Leads a claim by id is being made for.
     claiming: HashSet<LeadId>,
     /// More leads wait in the database than were started.
@@ -87,6 +89,10 @@ pub struct Router {
     /// Buyers whose failed leads are being put back; a request arriving
     /// meanwhile waits here and runs after.
     reoffering: HashMap<String, Option<ReofferLeads>>,
+    /// When each buyer was last seen answering again (a full re-offer):
+    /// leads still being walked then, that end unsold with an earlier
+    /// failure at it, are put back when they settle.
+    answered_at: HashMap<String, chrono::DateTime<chrono::Utc>>,
     /// Told when the last waterfall ends while draining.
     drained: Vec<oneshot::Sender<()>>,
 }
@@ -104,6 +110,7 @@ impl Router {
             restarts,
             environment,
             active: HashMap::new(),
+            retrying: HashSet::new(),
             claiming: HashSet::new(),
             backlog: false,
             sweeping: false,
@@ -111,6 +118,7 @@ impl Router {
             to_settle: Vec::new(),
             settling: false,
             reoffering: HashMap::new(),
+            answered_at: HashMap::new(),
             drained: Vec::new(),
         }
     }
@@ -276,9 +284,18 @@ impl Router {
         self.settling = true;
         let batch = std::mem::take(&mut self.to_settle);
         let routing = self.routing.clone();
+        let answered: Vec<(String, chrono::DateTime<chrono::Utc>)> = self
+            .answered_at
+            .iter()
+            .map(|(buyer, at)| (buyer.clone(), *at))
+            .collect();
         ctx.spawn(
             async move {
                 let written = routing.store.settle_leads(&batch, routing.failures).await;
+                let again = match written {
+                    Ok(_) => offer_again_to_recovered(&routing, &batch, &answered).await,
+                    Err(_) => 0,
+                };
                 if let Ok((_, set_aside)) = &written {
                     for lead_id in set_aside {
                         let message = format!(
@@ -291,11 +308,14 @@ impl Router {
                             .await;
                     }
                 }
-                (written, batch.len())
+                (written, batch.len(), again)
             }
                 .into_actor(self)
-                .map(|(written, wanted), router, ctx| {
+                .map(|(written, wanted, again), router, ctx| {
                     router.settling = false;
+                    if again > 0 {
+                        router.sweep(ctx);
+                    }
                     match written {
                         Ok((count, _)) if count as usize != wanted => {
                             tracing::warn!(wanted, count, "some leads were taken over before they were settled")
@@ -334,6 +354,12 @@ impl Supervised for Router {
         self.claiming.clear();
         self.sweeping = false;
         self.settling = false;
+        // Retries and requeues were futures of ours: gone. A retried lead's
+        // lease runs out and the sweep settles its call from its history.
+        for lead_id in self.retrying.drain() {
+            self.active.remove(&lead_id);
+        }
+        self.reoffering.clear();
     }
 }
 
@@ -375,6 +401,10 @@ impl Router {
         if self.draining() {
             return;
         }
+        if request.limit.is_none() {
+            self.answered_at
+                .insert(request.buyer_id.clone(), request.failed_before);
+        }
         if let Some(waiting) = self.reoffering.get_mut(&request.buyer_id) {
             *waiting = Some(merged(waiting.take(), request));
             return;
@@ -390,6 +420,7 @@ impl Router {
                         since,
                         request.failed_before,
                         request.limit,
+                        None,
                     )
                     .await;
                 (requeued, request.buyer_id)
@@ -410,6 +441,36 @@ impl Router {
             }),
         );
     }
+}
+
+/// Leads that just ended unsold after failing at a buyer that has been
+/// seen answering again since: back to be routed (the next sweep takes them).
+async fn offer_again_to_recovered(
+    routing: &RoutingContext,
+    settled: &[HeldLead],
+    answered: &[(String, chrono::DateTime<chrono::Utc>)],
+) -> u64 {
+    let unsold: Vec<LeadId> = settled
+        .iter()
+        .filter(|lead| matches!(lead.end, LeadEnd::State(LeadState::Unsold)))
+        .map(|lead| lead.lead_id.clone())
+        .collect();
+    if unsold.is_empty() {
+        return 0;
+    }
+    let since = chrono::Utc::now() - REROUTE_WITHIN;
+    let mut requeued = 0;
+    for (buyer_id, at) in answered {
+        match routing
+            .store
+            .requeue_for_buyer(buyer_id, since, *at, None, Some(&unsold))
+            .await
+        {
+            Ok(count) => requeued += count,
+            Err(error) => tracing::error!(%error, %buyer_id, "could not put leads back"),
+        }
+    }
+    requeued
 }
 
 /// Two waiting requests for one buyer as one: the later moment, and all
@@ -455,11 +516,13 @@ impl Handler<RetryAttempt> for Router {
                     };
                     let lead_id = held.lead_id();
                     router.active.insert(lead_id.clone(), held.token().clone());
+                    router.retrying.insert(lead_id.clone());
                     Box::pin(
                         async move { retry::replay(&routing, held).await }
                             .into_actor(router)
                             .map(move |result, router, _ctx| {
                                 router.active.remove(&lead_id);
+                                router.retrying.remove(&lead_id);
                                 result
                             }),
                     )

@@ -13,7 +13,9 @@
 //! written now if its commit had failed; an unanswered post: unknown)
 //! ends the walk before any call.
 
+use std::cell::Cell;
 use std::collections::HashSet;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,6 +78,9 @@ pub struct Waterfall {
     routing: Arc<RoutingContext>,
     router: Recipient<WaterfallFinished>,
     end: Option<WalkEnd>,
+    /// The lead's routing failures before this walk, once read (a walk
+    /// that panics counts as one more).
+    failures_before: Rc<Cell<u32>>,
 }
 
 impl Waterfall {
@@ -91,6 +96,7 @@ impl Waterfall {
             routing,
             router,
             end: None,
+            failures_before: Rc::default(),
         }
     }
 }
@@ -101,10 +107,11 @@ impl Actor for Waterfall {
     fn started(&mut self, ctx: &mut Context<Self>) {
         let routing = self.routing.clone();
         let (lead_id, token) = (self.lead_id.clone(), self.claim_token.clone());
+        let failures_before = self.failures_before.clone();
         ctx.spawn(
             guarded::<Self, _>("waterfall", async move {
                 let span = tracing::info_span!("lead", %lead_id);
-                let end = route(&routing, &lead_id, &token).await;
+                let end = route(&routing, &lead_id, &token, &failures_before).await;
                 span.in_scope(|| tracing::info!(end = ?end, "walk ended"));
                 end
             })
@@ -121,7 +128,7 @@ impl Actor for Waterfall {
         // lead again; its history then decides what is left to do.
         let end = self.end.take().unwrap_or(WalkEnd::LetGo(LeadEnd::Failed {
             reason: "the waterfall panicked".into(),
-            failures_before: 0,
+            failures_before: self.failures_before.get(),
         }));
         self.router.do_send(WaterfallFinished {
             lead_id: self.lead_id.clone(),
@@ -182,13 +189,19 @@ impl RouteError {
 }
 
 /// Routes a lead the router claimed for us under `token`.
-async fn route(routing: &RoutingContext, lead_id: &LeadId, token: &ClaimToken) -> WalkEnd {
+async fn route(
+    routing: &RoutingContext,
+    lead_id: &LeadId,
+    token: &ClaimToken,
+    failures: &Cell<u32>,
+) -> WalkEnd {
     let row = match routing.store.find_lead(lead_id.as_str()).await {
         Ok(Some(row)) if row.claim_token.as_deref() == Some(token.as_str()) => row,
         Ok(_) => return WalkEnd::Lost,
         Err(error) => return RouteError::from(error).end(0),
     };
     let failures_before = u32::try_from(row.route_failures).unwrap_or(0);
+    failures.set(failures_before);
     match route_claimed(routing, &row, token).await {
         Ok(end) => end,
         Err(error) => error.end(failures_before),
@@ -210,7 +223,12 @@ async fn route_claimed(
         .any(|attempt| outcome_of(attempt) == Some(AttemptOutcome::InFlight))
     {
         let (posts, _) = store.settle_interrupted_attempts(&row.id).await?;
+        history = store.attempts_of(&row.id).await?;
         if posts > 0 {
+            // Whatever history it belongs to: the buyer may have taken it.
+            if let Some(end) = sold_by_history(store, &row.id, &history).await? {
+                return Ok(end);
+            }
             let message = format!(
                 "a post of lead {} was in flight when routing stopped: lead unknown, not re-sent",
                 row.id
@@ -219,8 +237,13 @@ async fn route_claimed(
                 .alerts
                 .raise(AlertKind::PostTimeout, None, Some(&row.id), &message)
                 .await;
+            return Ok(WalkEnd::LetGo(LeadEnd::State(LeadState::Unknown)));
         }
-        history = store.attempts_of(&row.id).await?;
+    }
+    // An accepted post whose sale never got written sells the lead, in
+    // whichever history it is (a reroute cannot hide it).
+    if let Some(end) = sold_by_history(store, &row.id, &history).await? {
+        return Ok(end);
     }
     // After a reroute only the attempts since decide the lead.
     let (earlier, current): (Vec<attempt::Model>, Vec<attempt::Model>) =
@@ -258,9 +281,39 @@ fn posted_to(history: &[attempt::Model]) -> impl Iterator<Item = String> + '_ {
         .map(|attempt| attempt.buyer_id.clone())
 }
 
-/// A lead routed before (a restart, a lost settle, a sale commit that
-/// failed) whose history already decides it: an accepted post is a sale
-/// (written now if it is missing), an unanswered post leaves it unknown.
+/// An accepted post in the lead's history that has no sale row (its
+/// commit failed): the sale is written now, to that buyer.
+async fn sold_by_history(
+    store: &Store,
+    lead_id: &str,
+    history: &[attempt::Model],
+) -> Result<Option<WalkEnd>, RouteError> {
+    let accepted = Some(AttemptOutcome::Call(CallOutcome::Accepted));
+    let mut accepted_posts = history
+        .iter()
+        .filter(|attempt| is_post(attempt) && outcome_of(attempt) == accepted)
+        .peekable();
+    if accepted_posts.peek().is_none() {
+        return Ok(None);
+    }
+    // Sales returned since still count: their post was sold once.
+    let sold_by = store.sale_attempts_of(lead_id).await?;
+    let Some(post) = accepted_posts.find(|post| !sold_by.contains(&post.id)) else {
+        return Ok(None);
+    };
+    let sale = SaleOf {
+        lead_id,
+        buyer_id: &post.buyer_id,
+        price: price_of(post, history),
+    };
+    if store.sell_from_history(&post.id, sale).await? {
+        tracing::warn!(%lead_id, buyer_id = %post.buyer_id, "an accepted post had no sale: sold from its history");
+    }
+    Ok(Some(WalkEnd::Settled))
+}
+
+/// A lead routed before (a restart, a lost settle) whose current history
+/// already decides it: a sale makes it sold, an unanswered post unknown.
 async fn settled_by_history(
     store: &Store,
     lead_id: &str,
@@ -270,18 +323,6 @@ async fn settled_by_history(
     if posts.is_empty() {
         // No post ever went out: nothing is sold or unknown yet.
         return Ok(None);
-    }
-    let accepted = AttemptOutcome::Call(CallOutcome::Accepted);
-    if let Some(post) = posts.iter().find(|post| outcome_of(post) == Some(accepted)) {
-        let sale = SaleOf {
-            lead_id,
-            buyer_id: &post.buyer_id,
-            price: price_of(post, history),
-        };
-        if store.sell_from_history(&post.id, sale).await? {
-            tracing::warn!(%lead_id, buyer_id = %post.buyer_id, "an accepted post had no sale: sold from its history");
-        }
-        return Ok(Some(WalkEnd::Settled));
     }
     if !store.sales_of(&[lead_id.to_string()]).await?.is_empty() {
         return Ok(Some(WalkEnd::LetGo(LeadEnd::State(LeadState::Sold))));

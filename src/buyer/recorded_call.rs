@@ -77,9 +77,8 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
     if kind == CallKind::Post {
         attempt.caps = CapSlot::for_post(&settings, chrono::Utc::now());
     }
-    let slots = attempt.caps.clone();
-    let attempt_id = match store.begin_attempt(attempt).await {
-        Ok(Begun::Call(id)) => id,
+    let (attempt_id, slots) = match store.begin_attempt(attempt).await {
+        Ok(Begun::Call(id, slots)) => (id, slots),
         Ok(Begun::Fenced) => return Offered::Fenced,
         Ok(Begun::Capped) => {
             metrics.attempt(

@@ -198,6 +198,16 @@ pub struct IntakeSettings {
     pub duplicate_keys: Vec<String>,
 }
 
+impl Settings {
+    /// How same-person duplicates are found (`intake.duplicate_*`).
+    pub fn duplicate_rule(&self) -> crate::store::DuplicateRule {
+        crate::store::DuplicateRule {
+            window: self.intake.duplicate_window,
+            keys: self.intake.duplicate_keys.clone(),
+        }
+    }
+}
+
 impl Default for IntakeSettings {
     fn default() -> Self {
         Self {

@@ -64,7 +64,7 @@ pub async fn fix(
     let (fields, errors) = check_fields(merged.iter().map(|(k, v)| (k.as_str(), v)), &required);
     let fixed = state
         .store
-        .fix_invalid_lead(&row.id, fields, &errors)
+        .fix_invalid_lead(&row.id, fields, &errors, &state.settings().duplicate_rule())
         .await?;
     let valid = errors.is_empty();
     if valid {

@@ -143,13 +143,27 @@ async fn write_forever(db: &DatabaseConnection, requests: &mut mpsc::UnboundedRe
 }
 
 async fn commit(db: &DatabaseConnection, writes: &[AttemptWrite]) -> Result<Vec<Written>, DbErr> {
+    // Cap counters are locked in buyer order, the same in every instance's
+    // batches, so two batches never wait on each other in a cycle.
+    let mut order: Vec<usize> = (0..writes.len()).collect();
+    order.sort_by_key(|&index| cap_buyer(&writes[index]));
     let txn = db.begin().await?;
-    let mut results = Vec::with_capacity(writes.len());
-    for write in writes {
-        results.push(apply(&txn, write).await?);
+    let mut results = vec![Written::Done; writes.len()];
+    for index in order {
+        results[index] = apply(&txn, &writes[index]).await?;
     }
     txn.commit().await?;
     Ok(results)
+}
+
+/// The buyer whose cap counters a write locks, if any.
+fn cap_buyer(write: &AttemptWrite) -> Option<&str> {
+    let slots = match write {
+        AttemptWrite::Insert { caps, .. } => caps,
+        AttemptWrite::Finish { release, .. } => release,
+        AttemptWrite::Sell { .. } => return None,
+    };
+    slots.first().map(|slot| slot.buyer_id.as_str())
 }
 
 async fn apply(txn: &DatabaseTransaction, write: &AttemptWrite) -> Result<Written, DbErr> {

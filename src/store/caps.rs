@@ -7,13 +7,15 @@
 //! of leads in flight on any number of instances.
 
 use chrono::{DateTime, Datelike, Timelike, Utc};
-use entity::cap_use;
+use entity::{attempt, cap_use, sale};
 use sea_orm::sea_query::{Expr, OnConflict};
-use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, ExprTrait, QueryFilter, Set};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DbErr, EntityTrait, ExprTrait, PaginatorTrait, QueryFilter, Set,
+};
 use serde::Serialize;
 
 use super::Store;
-use crate::config::BuyerSettings;
+use crate::config::{buyer_from_snapshot, BuyerSettings};
 
 /// The periods a cap counts sales in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -34,7 +36,7 @@ impl CapPeriod {
     }
 
     /// The start of the period (UTC) that holds `at`.
-    fn start(self, at: DateTime<Utc>) -> DateTime<Utc> {
+    pub(super) fn start(self, at: DateTime<Utc>) -> DateTime<Utc> {
         let hour = at
             .with_minute(0)
             .and_then(|t| t.with_second(0))
@@ -78,19 +80,14 @@ impl CapSlot {
     }
 }
 
-/// Every period a sale to this buyer at `at` counted in (for a return,
-/// whose post's caps may have changed since: periods without a counter
-/// are left alone).
-pub(super) fn slots_at(buyer_id: &str, at: DateTime<Utc>) -> Vec<CapSlot> {
-    [CapPeriod::Hour, CapPeriod::Day, CapPeriod::Month]
-        .into_iter()
-        .map(|period| CapSlot {
-            buyer_id: buyer_id.into(),
-            period,
-            start: period.start(at),
-            limit: 0,
-        })
-        .collect()
+/// The slots a post took: its snapshot's caps in the periods that held its
+/// start (reservations are made at the row's `started_at`). None when the
+/// snapshot cannot be read: its slots then stay taken.
+pub(super) fn slots_of_post(post: &attempt::Model) -> Vec<CapSlot> {
+    match buyer_from_snapshot(&post.snapshot) {
+        Ok(settings) => CapSlot::for_post(&settings, post.started_at),
+        Err(_) => Vec::new(),
+    }
 }
 
 /// A cap's use now, for the buyers endpoint and the status page.
@@ -168,6 +165,38 @@ impl Store {
             });
         }
         Ok(uses)
+    }
+
+    /// Makes sure each cap's counter exists for its current period, seeded
+    /// with the sales already made in it (sales from before the counter:
+    /// a cap added by a reload, a deploy). An existing counter is kept.
+    pub async fn seed_caps(&self, slots: &[CapSlot]) -> Result<(), DbErr> {
+        for slot in slots {
+            let sold = sale::Entity::find()
+                .filter(sale::Column::BuyerId.eq(slot.buyer_id.as_str()))
+                .filter(sale::Column::SoldAt.gte(slot.start))
+                .filter(sale::Column::ReturnedAt.is_null())
+                .count(&self.db)
+                .await?;
+            cap_use::Entity::insert(cap_use::ActiveModel {
+                buyer_id: Set(slot.buyer_id.clone()),
+                period: Set(slot.period.as_str().into()),
+                period_start: Set(slot.start),
+                used: Set(i32::try_from(sold).unwrap_or(i32::MAX)),
+            })
+            .on_conflict(
+                OnConflict::columns([
+                    cap_use::Column::BuyerId,
+                    cap_use::Column::Period,
+                    cap_use::Column::PeriodStart,
+                ])
+                .do_nothing()
+                .to_owned(),
+            )
+            .exec_without_returning(&self.db)
+            .await?;
+        }
+        Ok(())
     }
 
     /// Whether a cap is full already (a read, to skip a buyer before its

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use entity::{attempt, intake_log, lead, sale};
-use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::sea_query::OnConflict;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, DbErr, EntityTrait, IntoActiveModel, PaginatorTrait,
     QueryFilter, QueryOrder, QuerySelect, TransactionTrait,
@@ -154,18 +154,7 @@ impl Store {
                 PersistOutcome::Existing(_) => None,
             })
             .collect();
-        let originals = person::claim_keys(&txn, &fresh, rule).await?;
-        for (duplicate, original) in &originals {
-            lead::Entity::update_many()
-                .col_expr(
-                    lead::Column::State,
-                    Expr::value(LeadState::Duplicate.as_str()),
-                )
-                .col_expr(lead::Column::DuplicateOf, Expr::value(original.as_str()))
-                .filter(lead::Column::Id.eq(duplicate.as_str()))
-                .exec(&txn)
-                .await?;
-        }
+        let originals = person::mark_duplicates(&txn, &fresh, rule).await?;
         txn.commit().await?;
         for outcome in &mut outcomes {
             if let PersistOutcome::Inserted(row) = outcome {
@@ -346,6 +335,18 @@ impl Store {
             .filter(lead::Column::SetAsideReason.is_not_null())
             .count(&self.db)
             .await
+    }
+
+    /// The posts that made a sale of this lead, returned ones included.
+    pub async fn sale_attempts_of(&self, lead_id: &str) -> Result<HashSet<String>, DbErr> {
+        let attempts: Vec<Option<String>> = sale::Entity::find()
+            .select_only()
+            .column(sale::Column::AttemptId)
+            .filter(sale::Column::LeadId.eq(lead_id))
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        Ok(attempts.into_iter().flatten().collect())
     }
 
     /// The lead's sales that their buyers returned, oldest first.

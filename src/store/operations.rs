@@ -13,7 +13,7 @@ use sea_orm::{
 };
 use serde_json::{Map, Value};
 
-use super::{caps, Store};
+use super::{caps, person, DuplicateRule, Store};
 use crate::domain::{new_id, AttemptKind, FieldError, LeadState};
 
 /// Why an operator's change was not made.
@@ -36,27 +36,40 @@ pub struct Settlement<'a> {
 
 impl Store {
     /// Replaces an invalid lead's normalised fields and errors (the raw
-    /// payload stays as it arrived); without errors it moves to `received`.
+    /// payload stays as it arrived); without errors it moves to `received`,
+    /// claiming its duplicate-key values as intake does (the same person
+    /// within the window makes it a `duplicate`), in the same transaction.
     pub async fn fix_invalid_lead(
         &self,
         lead_id: &str,
         fields: Map<String, Value>,
         errors: &[FieldError],
+        rule: &DuplicateRule,
     ) -> Result<lead::Model, OperationError> {
         let state = if errors.is_empty() {
             LeadState::Received
         } else {
             LeadState::Invalid
         };
+        let txn = self.db.begin().await?;
         let changed = transition(lead_id, &[LeadState::Invalid.as_str()], state.as_str())
             .col_expr(lead::Column::Fields, Expr::value(Value::Object(fields)))
             .col_expr(
                 lead::Column::Errors,
                 Expr::value(serde_json::to_value(errors).unwrap_or_default()),
             )
-            .exec(&self.db)
+            .exec(&txn)
             .await?
             .rows_affected;
+        if changed == 1 && state == LeadState::Received {
+            if let Some(row) = lead::Entity::find_by_id(lead_id.to_string())
+                .one(&txn)
+                .await?
+            {
+                person::mark_duplicates(&txn, &[&row], rule).await?;
+            }
+        }
+        txn.commit().await?;
         self.after_change(lead_id, changed, "only an invalid lead can be fixed")
             .await
     }
@@ -171,21 +184,24 @@ impl Store {
                 .after_change(lead_id, 0, "only an unknown lead can be resolved")
                 .await;
         }
+        let post = attempt::Entity::find()
+            .filter(attempt::Column::LeadId.eq(lead_id))
+            .filter(attempt::Column::BuyerId.eq(settlement.buyer_id))
+            .filter(attempt::Column::Kind.eq(AttemptKind::POST.as_str()))
+            .order_by_desc(attempt::Column::StartedAt)
+            .one(&txn)
+            .await?;
+        if !settlement.sold {
+            // The unanswered post kept its cap slots in case it sold: it did not.
+            if let Some(post) = &post {
+                caps::release(&txn, &caps::slots_of_post(post)).await?;
+            }
+        }
         if settlement.sold {
-            let post: Option<String> = attempt::Entity::find()
-                .select_only()
-                .column(attempt::Column::Id)
-                .filter(attempt::Column::LeadId.eq(lead_id))
-                .filter(attempt::Column::BuyerId.eq(settlement.buyer_id))
-                .filter(attempt::Column::Kind.eq(AttemptKind::POST.as_str()))
-                .order_by_desc(attempt::Column::StartedAt)
-                .into_tuple()
-                .one(&txn)
-                .await?;
             let inserted = sale::Entity::insert(new_sale(
                 lead_id,
                 settlement.buyer_id,
-                post,
+                post.map(|post| post.id),
                 settlement.price,
             ))
             .exec_without_returning(&txn)
@@ -238,16 +254,11 @@ impl Store {
             .all(&txn)
             .await?;
         for sale in &returned {
-            // The post took its slots when it started.
-            let posted_at = match &sale.attempt_id {
-                Some(post) => attempt::Entity::find_by_id(post.clone())
-                    .one(&txn)
-                    .await?
-                    .map(|post| post.started_at),
-                None => None,
-            };
-            let slots = caps::slots_at(&sale.buyer_id, posted_at.unwrap_or(sale.sold_at));
-            caps::release(&txn, &slots).await?;
+            if let Some(post) = &sale.attempt_id {
+                if let Some(post) = attempt::Entity::find_by_id(post.clone()).one(&txn).await? {
+                    caps::release(&txn, &caps::slots_of_post(&post)).await?;
+                }
+            }
         }
         sale::Entity::update_many()
             .col_expr(sale::Column::ReturnedAt, Expr::value(now))

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use entity::{lead, person_key};
-use sea_orm::sea_query::OnConflict;
+use sea_orm::sea_query::{Expr, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, QueryFilter,
 };
@@ -28,9 +28,31 @@ const CLAIM_TRIES: usize = 3;
 
 type Key = (String, String);
 
+/// Claims the values of the routable leads among `fresh` and makes those
+/// that prove duplicates `duplicate` rows; returns them with their originals.
+pub(super) async fn mark_duplicates(
+    txn: &impl ConnectionTrait,
+    fresh: &[&lead::Model],
+    rule: &DuplicateRule,
+) -> Result<HashMap<String, String>, DbErr> {
+    let originals = claim_keys(txn, fresh, rule).await?;
+    for (duplicate, original) in &originals {
+        lead::Entity::update_many()
+            .col_expr(
+                lead::Column::State,
+                Expr::value(LeadState::Duplicate.as_str()),
+            )
+            .col_expr(lead::Column::DuplicateOf, Expr::value(original.as_str()))
+            .filter(lead::Column::Id.eq(duplicate.as_str()))
+            .exec(txn)
+            .await?;
+    }
+    Ok(originals)
+}
+
 /// Claims the values of the routable leads among `fresh` (in batch order);
 /// returns each lead that proved a duplicate with the lead it duplicates.
-pub(super) async fn claim_keys(
+async fn claim_keys(
     txn: &impl ConnectionTrait,
     fresh: &[&lead::Model],
     rule: &DuplicateRule,

@@ -56,8 +56,8 @@ pub struct AttemptEnd {
 /// What became of writing a call's row before the call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Begun {
-    /// Written: make the call.
-    Call(String),
+    /// Written, with the cap slots it took: make the call.
+    Call(String, Vec<CapSlot>),
     /// The lead's claim is gone: no call.
     Fenced,
     /// A cap is full: written as a `capped` skip, no call.
@@ -119,7 +119,12 @@ impl FailurePolicy {
     }
 }
 
-fn attempt_row(id: &str, new: NewAttempt, outcome: AttemptOutcome) -> attempt::ActiveModel {
+fn attempt_row(
+    id: &str,
+    new: NewAttempt,
+    outcome: AttemptOutcome,
+    started_at: DateTime<Utc>,
+) -> attempt::ActiveModel {
     let skip = match outcome {
         AttemptOutcome::Skip(reason) => Some(reason),
         _ => None,
@@ -132,7 +137,7 @@ fn attempt_row(id: &str, new: NewAttempt, outcome: AttemptOutcome) -> attempt::A
         outcome: Set(outcome.as_str().into()),
         reason: Set(skip.map(|reason| reason.as_str().into())),
         http_status: Set(None),
-        started_at: Set(Utc::now()),
+        started_at: Set(started_at),
         // A skip is over the moment it is written; a call is timed later.
         duration_ms: Set(skip.map(|_| 0)),
         retry_of: Set(new.retry_of),
@@ -459,14 +464,16 @@ impl Store {
     /// not rerouted or returned: those are the operator's) that this buyer
     /// failed with an error or was skipped for (circuit, load) before
     /// `answered_at`, when it was seen answering again, and that it never
-    /// gave a final answer (a rejection, a timeout) nor failed since. A page at a time, all of them, or at most
-    /// `limit` (probes). Returns how many were requeued.
+    /// gave a final answer (a rejection, a timeout) nor failed since. A
+    /// page at a time, all of them, or at most `limit` (probes); among
+    /// `only` these leads if given. Returns how many were requeued.
     pub async fn requeue_for_buyer(
         &self,
         buyer_id: &str,
         since: DateTime<Utc>,
         answered_at: DateTime<Utc>,
         limit: Option<u64>,
+        only: Option<&[LeadId]>,
     ) -> Result<u64, DbErr> {
         let at_buyer = |outcomes: Condition| {
             attempt::Entity::find()
@@ -498,7 +505,12 @@ impl Store {
             if page == 0 {
                 break;
             }
-            let candidates = lead::Entity::find()
+            let mut candidates = lead::Entity::find();
+            if let Some(only) = only {
+                candidates =
+                    candidates.filter(lead::Column::Id.is_in(only.iter().map(LeadId::as_str)));
+            }
+            let candidates = candidates
                 .select_only()
                 .column(lead::Column::Id)
                 .filter(lead::Column::State.eq(LeadState::Unsold.as_str()))
@@ -532,20 +544,26 @@ impl Store {
     /// the lead's claim holds and (a post) with its cap slots reserved.
     pub async fn begin_attempt(&self, new: NewAttempt) -> Result<Begun, DbErr> {
         let id = new_id();
-        let (fence, caps) = fence_of(&new);
-        let row = attempt_row(&id, new, AttemptOutcome::InFlight);
+        let (fence, mut caps) = fence_of(&new);
+        // Slots are taken in the periods that hold the row's start, so a
+        // return finds them again from the row.
+        let started_at = Utc::now();
+        for slot in &mut caps {
+            slot.start = slot.period.start(started_at);
+        }
+        let row = attempt_row(&id, new, AttemptOutcome::InFlight, started_at);
         let written = self
             .attempts
             .write(AttemptWrite::Insert {
                 row: Box::new(row),
                 fence,
-                caps,
+                caps: caps.clone(),
             })
             .await?;
         Ok(match written {
             Written::Fenced => Begun::Fenced,
             Written::Capped => Begun::Capped,
-            _ => Begun::Call(id),
+            _ => Begun::Call(id, caps),
         })
     }
 
@@ -619,7 +637,7 @@ impl Store {
             ..new
         };
         let (fence, caps) = fence_of(&new);
-        let row = attempt_row(&new_id(), new, AttemptOutcome::Skip(reason));
+        let row = attempt_row(&new_id(), new, AttemptOutcome::Skip(reason), Utc::now());
         self.attempts
             .write(AttemptWrite::Insert {
                 row: Box::new(row),

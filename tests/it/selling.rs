@@ -12,7 +12,9 @@ use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
 use serde_json::{json, Value};
 
 use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
-use crate::helpers::{spawn_app_with, spawn_instance_of, wait_until, Backend, TestApp};
+use crate::helpers::{
+    spawn_app_with, spawn_instance_of, wait_until, write_config, Backend, TestApp,
+};
 use crate::on_both_databases;
 
 on_both_databases!(
@@ -28,6 +30,12 @@ on_both_databases!(
     a_poison_lead_is_set_aside_while_other_leads_keep_selling,
     skips_carry_their_reason_as_outcome,
     a_recovered_buyer_gets_back_every_lead_it_failed_not_a_page,
+    a_retry_never_offers_an_unknown_lead_to_another_buyer,
+    a_reroute_cannot_hide_an_accepted_post_without_its_sale,
+    a_lead_still_walking_when_its_buyer_recovers_is_offered_again_when_it_settles,
+    a_cap_added_by_a_reload_counts_the_sales_already_made,
+    a_return_gives_its_cap_slot_back,
+    fixing_an_invalid_lead_of_a_known_person_makes_it_a_duplicate,
 );
 
 /// How long a selling scenario may take to settle.
@@ -636,7 +644,7 @@ async fn a_recovered_buyer_gets_back_every_lead_it_failed_not_a_page(backend: Ba
     let day_ago = now - chrono::Duration::days(1);
     let requeued = app
         .store
-        .requeue_for_buyer("acme", day_ago, now, None)
+        .requeue_for_buyer("acme", day_ago, now, None, None)
         .await
         .unwrap();
     assert_eq!(
@@ -645,8 +653,213 @@ async fn a_recovered_buyer_gets_back_every_lead_it_failed_not_a_page(backend: Ba
     );
     let probe = app
         .store
-        .requeue_for_buyer("other", day_ago, now, Some(1))
+        .requeue_for_buyer("other", day_ago, now, Some(1), None)
         .await
         .unwrap();
     assert_eq!(probe, 0, "another buyer's failures are not this buyer's");
+}
+
+async fn a_retry_never_offers_an_unknown_lead_to_another_buyer(backend: Backend) {
+    let failing = TestBuyer::start(Answer::Status(503), accept());
+    let hanging = TestBuyer::start(accept(), Answer::Hang);
+    let toml = BuyerConfig::new("failing", 1).toml(&failing.base)
+        + &BuyerConfig {
+            post_timeout: "300ms",
+            ..BuyerConfig::new("hanging", 2)
+        }
+        .toml(&hanging.base);
+    let app = spawn_app_with(backend, &toml).await;
+    let id = app.submit(json!({"email": "unknown@example.com"})).await;
+    let view = app.wait_for_state(&id, "unknown").await;
+    let attempt_of = |buyer: &str, kind: &str| {
+        view["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|attempt| attempt["buyer_id"] == buyer && attempt["kind"] == kind)
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    failing.set_ping(accept());
+    let elsewhere = app
+        .admin_send(
+            "POST",
+            &format!("/v1/attempts/{}/retry", attempt_of("failing", "ping")),
+            json!({}),
+        )
+        .await;
+    assert_eq!(elsewhere.status, 409, "{}", elsewhere.text());
+    assert_eq!(
+        failing.calls("ping").len(),
+        1,
+        "the other buyer was not called"
+    );
+
+    hanging.set_post(accept());
+    let same = app
+        .admin_send(
+            "POST",
+            &format!("/v1/attempts/{}/retry", attempt_of("hanging", "post")),
+            json!({}),
+        )
+        .await;
+    assert_eq!(same.status, 200, "{}", same.text());
+    assert_eq!(app.wait_for_state(&id, "sold").await["sold_to"], "hanging");
+}
+
+async fn a_reroute_cannot_hide_an_accepted_post_without_its_sale(backend: Backend) {
+    let (first, second, toml) = slow_first_and_second();
+    let app = spawn_app_with(backend, &toml).await;
+    let id = app.submit(json!({"email": "hidden@example.com"})).await;
+    app.wait_for_state(&id, "sold").await;
+    // As if the sale's commit had been lost and the lead left unsold.
+    execute(&app, &format!("DELETE FROM sales WHERE lead_id = '{id}'")).await;
+    execute(
+        &app,
+        &format!("UPDATE leads SET state = 'unsold' WHERE id = '{id}'"),
+    )
+    .await;
+
+    let rerouted = app
+        .admin_send(
+            "POST",
+            &format!("/v1/leads/{id}/reroute"),
+            json!({"include_tried": true}),
+        )
+        .await;
+    assert_eq!(rerouted.status, 200, "{}", rerouted.text());
+    let view = app.wait_for_state(&id, "sold").await;
+    assert_eq!(view["sold_to"], "first", "sold from its history");
+    assert_eq!(first.calls("post").len(), 1, "never re-sent");
+    assert!(
+        second.calls("post").is_empty(),
+        "never offered to another buyer"
+    );
+}
+
+async fn a_lead_still_walking_when_its_buyer_recovers_is_offered_again_when_it_settles(
+    backend: Backend,
+) {
+    let down = TestBuyer::start(accept(), Answer::Status(503));
+    let slow = TestBuyer::start(accept(), Answer::Reject);
+    let toml = BuyerConfig {
+        extra: "circuit = { failure_threshold = 1, open_for = \"300ms\", max_open_for = \"1s\" }",
+        ..BuyerConfig::new("down", 1)
+    }
+    .toml(&down.base)
+        + &BuyerConfig::new("slow", 2).toml(&slow.base);
+    let app = spawn_app_with(backend, &toml).await;
+    slow.set_ping(post_delayed(1500));
+    let walking = app.submit(json!({"email": "walking@example.com"})).await;
+    wait_until("the down buyer to fail the lead", SETTLE, || async {
+        !down.calls("post").is_empty()
+    })
+    .await;
+    // The buyer comes back and answers (its circuit closes) while the
+    // lead is still being walked at the slow buyer.
+    down.set_post(accept());
+    wait_until("the circuit to half-open", SETTLE, || async {
+        app.admin_get("/v1/buyers").await.json()[0]["circuit"] == "half_open"
+    })
+    .await;
+    let other = app.submit(json!({"email": "other@example.com"})).await;
+    app.wait_for_state(&other, "sold").await;
+    assert_eq!(app.lead(&walking).await["lead_state"], "routing");
+
+    let view = app.wait_for_state(&walking, "sold").await;
+    assert_eq!(view["sold_to"], "down");
+}
+
+async fn a_cap_added_by_a_reload_counts_the_sales_already_made(backend: Backend) {
+    let buyer = TestBuyer::start(accept(), accept());
+    let app = spawn_app_with(backend, &BuyerConfig::new("acme", 1).toml(&buyer.base)).await;
+    for n in 0..2 {
+        let id = app
+            .submit(json!({"email": format!("early{n}@example.com")}))
+            .await;
+        app.wait_for_state(&id, "sold").await;
+    }
+    let capped = BuyerConfig {
+        extra: "daily_cap = 2",
+        ..BuyerConfig::new("acme", 1)
+    };
+    write_config(
+        app.config_path.as_ref().unwrap(),
+        &database_url_of(&app),
+        &capped.toml(&buyer.base),
+    );
+    let reloaded = app.admin_send("POST", "/v1/admin/reload", json!({})).await;
+    assert_eq!(reloaded.status, 200, "{}", reloaded.text());
+    wait_until("the counter to be seeded", SETTLE, || async {
+        let buyers = app.admin_get("/v1/buyers").await.json();
+        buyers[0]["caps"][0]["used"] == 2
+    })
+    .await;
+    let late = app.submit(json!({"email": "late@example.com"})).await;
+    let view = app.wait_for_state(&late, "unsold").await;
+    assert_eq!(view["attempts"][0]["outcome"], "capped", "{view}");
+    assert_eq!(buyer.calls("post").len(), 2);
+}
+
+/// The database URL the app's configuration file names.
+fn database_url_of(app: &TestApp) -> String {
+    let text = std::fs::read_to_string(app.config_path.as_ref().unwrap()).unwrap();
+    text.lines()
+        .rev()
+        .find_map(|line| line.strip_prefix("url = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .unwrap()
+        .to_string()
+}
+
+async fn a_return_gives_its_cap_slot_back(backend: Backend) {
+    let buyer = TestBuyer::start(accept(), accept());
+    let config = BuyerConfig {
+        extra: "daily_cap = 1",
+        ..BuyerConfig::new("acme", 1)
+    };
+    let app = spawn_app_with(backend, &config.toml(&buyer.base)).await;
+    let sold = app.submit(json!({"email": "kept@example.com"})).await;
+    app.wait_for_state(&sold, "sold").await;
+    let capped = app.submit(json!({"email": "capped@example.com"})).await;
+    app.wait_for_state(&capped, "unsold").await;
+
+    let returned = app
+        .admin_send(
+            "POST",
+            &format!("/v1/leads/{sold}/return"),
+            json!({"reason": "bad number"}),
+        )
+        .await;
+    assert_eq!(returned.status, 200, "{}", returned.text());
+    let buyers = app.admin_get("/v1/buyers").await.json();
+    assert_eq!(buyers[0]["caps"][0]["used"], 0, "{buyers}");
+    let next = app.submit(json!({"email": "next@example.com"})).await;
+    app.wait_for_state(&next, "sold").await;
+}
+
+async fn fixing_an_invalid_lead_of_a_known_person_makes_it_a_duplicate(backend: Backend) {
+    let app = spawn_app_with(backend, "").await;
+    let original = app.submit(json!({"email": "known@example.com"})).await;
+    let invalid = app
+        .post_form_lead(&json!({"email": "known@example.com", "phone": "12"}))
+        .await;
+    assert_eq!(invalid.status, 422, "{}", invalid.text());
+    let invalid = invalid.json()["submission_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let fixed = app
+        .admin_send(
+            "PATCH",
+            &format!("/v1/leads/{invalid}"),
+            json!({"fields": {"phone": null}}),
+        )
+        .await;
+    assert_eq!(fixed.status, 200, "{}", fixed.text());
+    assert_eq!(fixed.json()["lead_state"], "duplicate");
+    assert_eq!(fixed.json()["duplicate_of"], original.as_str());
 }
