@@ -11,8 +11,8 @@ use entity::{alert, attempt, lead, sale};
 use sea_orm::sea_query::Expr;
 use sea_orm::sea_query::{LockBehavior, LockType};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, DbErr, EntityTrait, ExprTrait, QueryFilter,
-    QueryOrder, QuerySelect, QueryTrait, TransactionTrait,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, ExprTrait,
+    QueryFilter, QueryOrder, QuerySelect, QueryTrait, TransactionTrait,
 };
 use serde_json::Value;
 
@@ -281,7 +281,7 @@ impl Store {
     /// other's rows instead of queueing on them; on SQLite (one writer at a
     /// time, and sea-query drops the lock clause) the conditional UPDATE is
     /// atomic by itself. Either way the UPDATE re-checks that each lead is
-    /// still waiting, and we read back what carries our fresh token.
+    /// still waiting, and answers (`RETURNING`) the ids it gave our token.
     async fn claim(
         &self,
         pick: sea_orm::Select<lead::Entity>,
@@ -290,17 +290,14 @@ impl Store {
         lease: Duration,
     ) -> Result<Claimed, DbErr> {
         let holder = Holder::new(owner, lease);
-        claim_statement(pick, limit, &holder, Utc::now())
-            .exec(&self.db)
-            .await?;
-        let lead_ids: Vec<String> = lead::Entity::find()
-            .select_only()
-            .column(lead::Column::Id)
-            .filter(lead::Column::ClaimToken.eq(holder.token.as_str()))
-            .into_tuple()
-            .all(&self.db)
-            .await?;
-        let lead_ids = lead_ids.into_iter().map(LeadId::from).collect();
+        // One round trip: the UPDATE answers the ids it took.
+        let mut statement = claim_statement(pick, limit, &holder, Utc::now()).into_query();
+        statement.returning_col(lead::Column::Id);
+        let taken = self.db.query_all(&statement).await?;
+        let lead_ids = taken
+            .iter()
+            .map(|row| row.try_get::<String>("", "id").map(LeadId::from))
+            .collect::<Result<_, _>>()?;
         Ok(Claimed {
             token: holder.token,
             lead_ids,

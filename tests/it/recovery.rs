@@ -726,3 +726,40 @@ async fn sales_of_lead(app: &TestApp, lead_id: &str) -> Vec<sale::Model> {
         .await
         .unwrap()
 }
+
+#[actix_web::test]
+async fn a_person_spooled_during_a_cut_drains_in_as_a_duplicate() {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let proxy = TcpProxy::start(server_of(&database.url));
+    let mut config = ServiceConfig::write(&through(&database.url, proxy.address), "2s", "");
+    config.test_database_url = database.url.clone();
+    let service = Service::start(&config).await;
+    let app = &service.app;
+    let person = json!({"lead_id": "first-visit", "email": "same@example.com"});
+    let stored = app.post_feed_lead(&person).await.json()["submission_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    proxy.cut();
+    let again = json!({"lead_id": "second-visit", "email": "same@example.com"});
+    let spooled = app.post_feed_lead(&again).await;
+    assert_eq!(spooled.status, 202, "{}", spooled.text());
+    let spooled = spooled.json()["submission_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    proxy.restore();
+
+    wait_until("the spool to drain", Duration::from_secs(30), || async {
+        app.store.find_lead(&spooled).await.ok().flatten().is_some()
+    })
+    .await;
+    let row = app.store.find_lead(&spooled).await.unwrap().unwrap();
+    assert_eq!(
+        row.state, "duplicate",
+        "decided by the same claim as intake"
+    );
+    assert_eq!(row.duplicate_of.as_deref(), Some(stored.as_str()));
+    crate::helpers::close_stores().await;
+}
