@@ -11,7 +11,8 @@
 //! - [`startup`]: [`startup::Application`] wires the store, actors and server.
 //! - [`domain`]: lead states, the acceptance contract, parsing and normalising.
 //! - [`store`]: every database query (sea-orm), SQLite and PostgreSQL alike.
-//! - [`buyer`]: one call to a buyer: request, verdict, circuit breaker.
+//! - [`buyer`]: one call to a buyer: request, verdict, circuit breaker, schedule.
+//! - [`clock`]: the time routing decisions are made at (fixed in tests).
 //! - [`actors`]: the supervision tree: intake, router, buyers, waterfalls.
 //! - [`spool`]: the durable journal intake uses while the database is down.
 //! - [`alerts`]: alerts to the error log and the database.
@@ -25,6 +26,7 @@
 pub mod actors;
 pub mod alerts;
 pub mod buyer;
+pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod domain;

@@ -81,6 +81,7 @@ impl Overseer {
                 limit: settings.routing.failure_limit.max(1),
                 backoff: settings.routing.failure_backoff,
             },
+            clock: settings.clock,
         };
 
         let directory = BuyerDirectory::default();

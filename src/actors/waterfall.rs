@@ -31,6 +31,8 @@ use super::supervision::guarded;
 use crate::alerts::{AlertKind, Alerts};
 use crate::buyer::recorded_call::{sale_price, Offered};
 use crate::buyer::request::{LeadOffer, PingResult};
+use crate::buyer::schedule::takes_leads;
+use crate::clock::Clock;
 use crate::config::{buyer_from_snapshot, BuyerSettings};
 use crate::domain::{
     AttemptKind, AttemptOutcome, CallKind, CallOutcome, ClaimToken, LeadId, LeadState, SkipReason,
@@ -51,6 +53,8 @@ pub struct RoutingContext {
     pub alerts: Alerts,
     /// Routing failures (ours, not a buyer's answer) a lead may have.
     pub failures: FailurePolicy,
+    /// What buyer schedules are read against.
+    pub clock: Clock,
 }
 
 /// Sent to the router when a waterfall ends.
@@ -401,6 +405,10 @@ async fn walk(
         }
         if !filters_pass(settings, &offer) {
             skip(SkipReason::Filtered).await?;
+            continue;
+        }
+        if !takes_leads(settings, routing.clock.now()) {
+            skip(SkipReason::ClosedHours).await?;
             continue;
         }
         let caps = CapSlot::for_post(settings, Utc::now());

@@ -17,6 +17,7 @@ use serde::Deserialize;
 
 pub use load::{buyer_from_snapshot, load, parse, ConfigError, Problem, DEFAULT_CONFIG_PATH};
 pub use rate::Rate;
+pub use validate::{parse_hours, WEEKDAYS};
 
 /// A string that must never be printed: `Debug` shows `[redacted]`.
 #[derive(Clone, Deserialize, PartialEq, Eq)]
@@ -68,6 +69,9 @@ pub struct Settings {
     /// The file these settings came from (for reloads); not a key.
     #[serde(skip)]
     pub source_path: Option<PathBuf>,
+    /// The clock buyer schedules are read with; not a key (tests fix it).
+    #[serde(skip)]
+    pub clock: crate::clock::Clock,
 }
 
 /// The running settings, replaced whole by a reload; readers take a

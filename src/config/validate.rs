@@ -14,7 +14,8 @@ const KNOWN_EVENTS: [&str; 5] = [
     "lead.unknown",
     "lead.invalid",
 ];
-const WEEKDAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
+/// Schedule days, Monday first.
+pub const WEEKDAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
 
 pub fn check(settings: &Settings) -> Vec<Problem> {
     let mut problems = Vec::new();
@@ -199,6 +200,12 @@ fn check_buyer(
         }
         if parse_hours(&schedule.hours).is_none() {
             problem(at("schedule.hours"), "expected \"HH:MM-HH:MM\"".into());
+        }
+        if schedule.timezone.parse::<chrono_tz::Tz>().is_err() {
+            problem(
+                at("schedule.timezone"),
+                format!("unknown IANA time zone {:?}", schedule.timezone),
+            );
         }
     }
 }

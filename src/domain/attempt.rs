@@ -87,16 +87,19 @@ pub enum SkipReason {
     Capped,
     TestLead,
     BelowMinBid,
+    /// Outside the buyer's `schedule`.
+    ClosedHours,
 }
 
 impl SkipReason {
-    const ALL: [Self; 6] = [
+    const ALL: [Self; 7] = [
         Self::CircuitOpen,
         Self::Busy,
         Self::Filtered,
         Self::Capped,
         Self::TestLead,
         Self::BelowMinBid,
+        Self::ClosedHours,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -107,6 +110,7 @@ impl SkipReason {
             Self::Capped => "capped",
             Self::TestLead => "test_lead",
             Self::BelowMinBid => "below_min_bid",
+            Self::ClosedHours => "closed_hours",
         }
     }
 }

@@ -13,6 +13,7 @@ use super::{Admin, ApiError, AppState};
 use crate::actors::buyer::ForceCircuit;
 use crate::buyer::board::BuyerStatus;
 use crate::buyer::breaker::CircuitState;
+use crate::buyer::schedule::takes_leads;
 use crate::store::{CapSlot, CapUse, OutcomeCounts};
 
 /// "Recent" outcome counts cover this much time.
@@ -27,6 +28,8 @@ pub struct BuyerView {
     /// Each configured cap in its current UTC period: posts reserved
     /// (sold, in flight, or of unknown fate) against the limit.
     caps: Vec<CapUse>,
+    /// Whether its `schedule` takes leads now (true without a schedule).
+    open_now: bool,
 }
 
 #[utoipa::path(get, path = "/v1/buyers", tag = "buyers", security(("admin" = [])),
@@ -72,15 +75,17 @@ fn assemble(
     mut counts: HashMap<String, OutcomeCounts>,
     mut caps: HashMap<String, Vec<CapUse>>,
 ) -> Vec<BuyerView> {
-    state
-        .settings()
+    let settings = state.settings();
+    let now = settings.clock.now();
+    settings
         .buyers
         .iter()
-        .filter_map(|buyer| state.tree.board.get(&buyer.id))
-        .map(|status| BuyerView {
+        .filter_map(|buyer| Some((buyer, state.tree.board.get(&buyer.id)?)))
+        .map(|(buyer, status)| BuyerView {
             sold_today: sold.remove(&status.id).unwrap_or_default(),
             counts: counts.remove(&status.id).unwrap_or_default(),
             caps: caps.remove(&status.id).unwrap_or_default(),
+            open_now: takes_leads(buyer, now),
             status,
         })
         .collect()

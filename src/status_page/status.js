@@ -22,6 +22,7 @@ function buyerRow(buyer) {
     cell("In flight", buyer.in_flight + " / " + buyer.max_concurrency),
     cell("Sold today", String(buyer.sold_today)),
     cell("Caps used", caps(buyer.caps)),
+    cell("Open now", buyer.open_now ? "yes" : "closed hours"),
     cell("Accepted", String(buyer.counts.accepted)),
     cell("Rejected", String(buyer.counts.rejected)),
     cell("Errors", String(buyer.counts.error)),

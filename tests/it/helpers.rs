@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use std::future::Future;
 
+use leadrouter::clock::Clock;
 use leadrouter::config::{self, Settings};
 use leadrouter::startup::Application;
 use leadrouter::store::Store;
@@ -106,11 +107,16 @@ pub async fn spawn_app(backend: Backend) -> TestApp {
 
 /// Starts the app on `BASE_CONFIG` plus `extra` TOML (appended).
 pub async fn spawn_app_with(backend: Backend, extra: &str) -> TestApp {
+    spawn_app_with_clock(backend, extra, Clock::System).await
+}
+
+/// As [`spawn_app_with`], reading buyer schedules with `clock`.
+pub async fn spawn_app_with_clock(backend: Backend, extra: &str, clock: Clock) -> TestApp {
     let database = TestDatabase::create(backend).await;
     let url = database.url.clone();
     TestApp {
         _database: Some(database),
-        ..spawn_app_on(&url, extra).await
+        ..spawn_app_on(&url, extra, clock).await
     }
 }
 
@@ -122,13 +128,14 @@ pub async fn spawn_instance_of(app: &TestApp, extra: &str) -> TestApp {
         .expect("an app with its own database")
         .url
         .clone();
-    spawn_app_on(&url, extra).await
+    spawn_app_on(&url, extra, Clock::System).await
 }
 
 /// Starts an instance on `database_url` (which outlives it).
-async fn spawn_app_on(database_url: &str, extra: &str) -> TestApp {
+async fn spawn_app_on(database_url: &str, extra: &str, clock: Clock) -> TestApp {
     leadrouter::telemetry::init();
     let mut settings = test_settings(extra);
+    settings.clock = clock;
     settings.database.url = config::Secret::new(database_url.to_string());
     settings.server.listen = "127.0.0.1:0".into();
     let files = tempfile::tempdir().expect("temp dir");

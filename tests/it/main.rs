@@ -9,6 +9,7 @@ mod scratch_db;
 
 mod admin;
 mod config;
+mod distribution;
 mod intake;
 mod reads;
 mod recovery;
