@@ -20,6 +20,7 @@
 //!     └── SpoolDrainer (supervised): spooled leads into the database when it is back
 //! ```
 
+mod auction;
 pub mod buyer;
 pub mod directory;
 mod drainer;
@@ -28,6 +29,7 @@ mod overseer;
 pub mod retry;
 pub mod router;
 pub mod supervision;
+mod walk;
 pub mod waterfall;
 
 pub use intake::{Intake, IntakeError, IntakeRules, SubmitLead};

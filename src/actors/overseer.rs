@@ -82,6 +82,8 @@ impl Overseer {
                 backoff: settings.routing.failure_backoff,
             },
             clock: settings.clock,
+            mode: settings.routing.mode,
+            auction_window: settings.routing.auction_window,
         };
 
         let directory = BuyerDirectory::default();

@@ -1,9 +1,10 @@
 //! `Waterfall`: routes one lead. Started by the `Router` for a lead it has
-//! claimed (lease + claim token); it walks the eligible buyers by priority
-//! (ping, then post) and stops at the first accepted post (whose sale the
-//! buyer actor commits together with the answer), a post timeout, an
-//! answer that could not be recorded, or the end of the list; then it
-//! tells the router how to let the lead go and stops. It holds nothing
+//! claimed (lease + claim token); it walks the eligible buyers (`walk.rs`:
+//! by priority, ping then post; or `auction.rs`: pinged at once, posted by
+//! bid) and stops at the first accepted post (whose sale the buyer actor
+//! commits together with the answer), a post timeout, an answer that could
+//! not be recorded, or the end of the list; then it tells the router how
+//! to let the lead go and stops. It holds nothing
 //! that is not in the database: every row it makes is written only while
 //! its claim token is the lead's, so a walk whose claim was taken over
 //! stops before its next call. A lead picked up again first has its
@@ -16,30 +17,22 @@
 use std::cell::Cell;
 use std::collections::HashSet;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use chrono::Utc;
 use entity::{attempt, lead};
-use serde_json::Value;
 
-use super::buyer::OfferLead;
 use super::directory::BuyerDirectory;
 use super::supervision::guarded;
+use super::walk::Walk;
 use crate::alerts::{AlertKind, Alerts};
 use crate::buyer::recorded_call::{sale_price, Offered};
-use crate::buyer::request::{LeadOffer, PingResult};
-use crate::buyer::schedule::takes_leads;
 use crate::clock::Clock;
-use crate::config::{buyer_from_snapshot, BuyerSettings};
-use crate::domain::{
-    AttemptKind, AttemptOutcome, CallKind, CallOutcome, ClaimToken, LeadId, LeadState, SkipReason,
-};
-use crate::store::{
-    is_unreachable, CapSlot, FailurePolicy, LeadEnd, NewAttempt, SaleOf, Store, Written,
-};
+use crate::config::{buyer_from_snapshot, RoutingMode};
+use crate::domain::{AttemptKind, AttemptOutcome, CallOutcome, ClaimToken, LeadId, LeadState};
+use crate::store::{is_unreachable, FailurePolicy, LeadEnd, SaleOf, Store};
 
 /// Everything a waterfall needs, shared by all of them.
 pub struct RoutingContext {
@@ -55,6 +48,9 @@ pub struct RoutingContext {
     pub failures: FailurePolicy,
     /// What buyer schedules are read against.
     pub clock: Clock,
+    /// `routing.mode`, and how long an auction waits for its pings.
+    pub mode: RoutingMode,
+    pub auction_window: Duration,
 }
 
 /// Sent to the router when a waterfall ends.
@@ -142,7 +138,7 @@ impl Actor for Waterfall {
 }
 
 #[derive(Debug, thiserror::Error)]
-enum RouteError {
+pub(super) enum RouteError {
     #[error("database: {0}")]
     Database(#[from] sea_orm::DbErr),
     #[error("buyer actor unavailable: {0}")]
@@ -181,7 +177,7 @@ impl RouteError {
     }
 
     /// The offers that stop a walk.
-    fn of(offered: &Offered) -> Option<Self> {
+    pub(super) fn of(offered: &Offered) -> Option<Self> {
         match offered {
             Offered::Unrecorded(_) => Some(Self::AnswerNotRecorded),
             Offered::NotRecorded => Some(Self::NotRecorded),
@@ -262,14 +258,18 @@ async fn route_claimed(
     if !row.offer_tried {
         finished.extend(posted_to(&earlier));
     }
-    walk(routing, row, token, &finished).await
+    let walk = Walk::new(routing, row, token);
+    match routing.mode {
+        RoutingMode::Waterfall => walk.waterfall(&finished).await,
+        RoutingMode::Auction => walk.auction(&finished, &current).await,
+    }
 }
 
-fn kind_of(attempt: &attempt::Model) -> Option<AttemptKind> {
+pub(super) fn kind_of(attempt: &attempt::Model) -> Option<AttemptKind> {
     AttemptKind::parse(&attempt.kind)
 }
 
-fn outcome_of(attempt: &attempt::Model) -> Option<AttemptOutcome> {
+pub(super) fn outcome_of(attempt: &attempt::Model) -> Option<AttemptOutcome> {
     AttemptOutcome::parse(&attempt.outcome)
 }
 
@@ -363,178 +363,4 @@ fn finished_buyers(history: &[attempt::Model]) -> HashSet<String> {
         })
         .map(|attempt| attempt.buyer_id.clone())
         .collect()
-}
-
-async fn walk(
-    routing: &RoutingContext,
-    row: &lead::Model,
-    token: &ClaimToken,
-    finished: &HashSet<String>,
-) -> Result<WalkEnd, RouteError> {
-    let store = &routing.store;
-    let offer = Arc::new(LeadOffer::of(row));
-    let mut tally = Tally::default();
-    let buyers = routing.directory.all();
-    for buyer in buyers.iter().filter(|buyer| buyer.settings.enabled) {
-        let settings = &buyer.settings;
-        if finished.contains(&settings.id) {
-            continue;
-        }
-        let skip = |reason: SkipReason| {
-            let attempt = NewAttempt {
-                lead_id: LeadId::from(row.id.as_str()),
-                buyer_id: settings.id.clone(),
-                kind: AttemptKind::Skip,
-                request: Value::Null,
-                snapshot: settings.snapshot.clone(),
-                retry_of: None,
-                instance_id: routing.instance_id.to_string(),
-                claim_token: token.clone(),
-                caps: Vec::new(),
-            };
-            async move {
-                match store.record_skip(attempt, reason).await? {
-                    Written::Fenced => Err(RouteError::ClaimLost),
-                    _ => Ok(()),
-                }
-            }
-        };
-        if row.is_test && !settings.accept_test_leads {
-            skip(SkipReason::TestLead).await?;
-            continue;
-        }
-        if !filters_pass(settings, &offer) {
-            skip(SkipReason::Filtered).await?;
-            continue;
-        }
-        if !takes_leads(settings, routing.clock.now()) {
-            skip(SkipReason::ClosedHours).await?;
-            continue;
-        }
-        let caps = CapSlot::for_post(settings, Utc::now());
-        if !caps.is_empty() && store.cap_reached(&caps).await? {
-            skip(SkipReason::Capped).await?;
-            continue;
-        }
-        still_going(routing)?;
-        let offer_call = |kind, ping: PingResult| OfferLead {
-            lead: offer.clone(),
-            kind,
-            ping,
-            instance_id: routing.instance_id.clone(),
-            claim_token: token.clone(),
-            retry: None,
-        };
-
-        let mut ping = PingResult::default();
-        if settings.ping.is_some() {
-            let offered = buyer
-                .addr
-                .send(offer_call(CallKind::Ping, PingResult::default()))
-                .await?;
-            tally.note(&offered);
-            if let Some(stop) = RouteError::of(&offered) {
-                return Err(stop);
-            }
-            match offered {
-                Offered::Called(report) if report.outcome == CallOutcome::Accepted => {
-                    ping = PingResult {
-                        ping_id: report.ping_id,
-                        bid: report.bid,
-                    };
-                }
-                _ => continue,
-            }
-            let floor = settings
-                .min_bid
-                .into_iter()
-                .chain(routing.reserve_price)
-                .fold(f64::MIN, f64::max);
-            if ping.bid.is_some_and(|bid| bid < floor) {
-                skip(SkipReason::BelowMinBid).await?;
-                continue;
-            }
-        }
-
-        // A ping can take long: shutdown stops the post too (and the
-        // post's row is written only while our claim holds).
-        still_going(routing)?;
-        let offered = buyer.addr.send(offer_call(CallKind::Post, ping)).await?;
-        tally.note(&offered);
-        if let Some(stop) = RouteError::of(&offered) {
-            return Err(stop);
-        }
-        match offered {
-            Offered::Sold(_) => return Ok(WalkEnd::Settled),
-            Offered::Called(report) if report.outcome == CallOutcome::Timeout => {
-                let message = format!(
-                    "post of lead {} to buyer {} got no answer in time: lead unknown, not re-sent",
-                    row.id, settings.id
-                );
-                routing
-                    .alerts
-                    .raise(
-                        AlertKind::PostTimeout,
-                        Some(&settings.id),
-                        Some(&row.id),
-                        &message,
-                    )
-                    .await;
-                return Ok(WalkEnd::LetGo(LeadEnd::State(LeadState::Unknown)));
-            }
-            _ => continue,
-        }
-    }
-    if tally.failed && !tally.rejected {
-        let message = format!(
-            "lead {} unsold: no buyer rejected it, every call failed or was skipped for a circuit or load",
-            row.id
-        );
-        routing
-            .alerts
-            .raise(AlertKind::AllBuyersFailed, None, Some(&row.id), &message)
-            .await;
-    }
-    Ok(WalkEnd::LetGo(LeadEnd::State(LeadState::Unsold)))
-}
-
-/// Before each call: not shutting down.
-fn still_going(routing: &RoutingContext) -> Result<(), RouteError> {
-    if routing.draining.load(Ordering::Relaxed) {
-        return Err(RouteError::ShuttingDown);
-    }
-    Ok(())
-}
-
-/// What the buyers offered a lead made of it, for the "every buyer failed" alert.
-#[derive(Default)]
-struct Tally {
-    rejected: bool,
-    failed: bool,
-}
-
-impl Tally {
-    fn note(&mut self, offered: &Offered) {
-        match offered {
-            Offered::Called(report) => match report.outcome {
-                CallOutcome::Rejected => self.rejected = true,
-                CallOutcome::Error | CallOutcome::Timeout => self.failed = true,
-                CallOutcome::Accepted => {}
-            },
-            Offered::Skipped(SkipReason::CircuitOpen | SkipReason::Busy) => self.failed = true,
-            _ => {}
-        }
-    }
-}
-
-/// `filters = { state = ["CA", "TX"] }`: every named field must hold one of
-/// its values (compared without regard to case).
-fn filters_pass(settings: &BuyerSettings, offer: &LeadOffer) -> bool {
-    settings.filters.iter().all(|(field, allowed)| {
-        offer
-            .fields
-            .get(field)
-            .and_then(Value::as_str)
-            .is_some_and(|value| allowed.iter().any(|ok| ok.eq_ignore_ascii_case(value)))
-    })
 }
