@@ -24,6 +24,9 @@ pub enum Answer {
     Hang,
     /// A custom body, HTTP 200.
     Body(&'static str),
+    /// `{"response": "success", "bid": B, "price": B, ...}` after `delay`:
+    /// a ping that bids `B`, a post that sells for it.
+    Bid { bid: f64, delay: Duration },
     /// Accepts about `accept_rate` of the calls, rejects the rest, each
     /// after a random delay up to `max_delay`.
     Coin {
@@ -176,6 +179,12 @@ async fn answer(
             unreachable!()
         }
         Answer::Body(text) => HttpResponse::Ok().body(text),
+        Answer::Bid { bid, delay } => {
+            actix_web::rt::time::sleep(delay).await;
+            HttpResponse::Ok().json(json!({
+                "response": "success", "leadAuctionId": format!("auction-{bid}"), "bid": bid, "price": bid
+            }))
+        }
         Answer::Coin { .. } => unreachable!("decided above"),
     }
 }

@@ -1,15 +1,175 @@
-//! Distribution (SPEC section 7, "Distribution options"): buyer schedules
-//! read with a fixed clock.
+//! Distribution (SPEC section 7, "Distribution options"): the ping auction
+//! against buyers bidding different amounts, and buyer schedules read with
+//! a fixed clock.
+
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use leadrouter::clock::Clock;
+use leadrouter::config::{RoutingMode, Settings};
 use serde_json::{json, Value};
 
-use crate::buyers::{accept, BuyerConfig, TestBuyer};
-use crate::helpers::{spawn_app_with_clock, Backend};
+use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
+use crate::helpers::{spawn_app_adjusted, wait_until, Backend};
 use crate::on_both_databases;
 
-on_both_databases!(a_schedule_skips_a_buyer_outside_its_days_and_hours_across_midnight);
+on_both_databases!(
+    a_schedule_skips_a_buyer_outside_its_days_and_hours_across_midnight,
+    an_auction_posts_to_the_highest_bidder_first_and_falls_back_in_bid_order,
+    a_ping_slower_than_the_auction_window_is_neither_waited_for_nor_posted,
+    a_direct_post_buyer_takes_part_at_its_price_and_floors_hold,
+);
+
+fn bid(amount: f64) -> Answer {
+    Answer::Bid {
+        bid: amount,
+        delay: Duration::ZERO,
+    }
+}
+
+/// Settings of an auction: `window`, and the routing reserve price.
+fn auction(window: Duration, reserve_price: Option<f64>) -> impl FnOnce(&mut Settings) {
+    move |settings: &mut Settings| {
+        settings.routing.mode = RoutingMode::Auction;
+        settings.routing.auction_window = window;
+        settings.routing.reserve_price = reserve_price;
+    }
+}
+
+/// The buyers posted to, in the order the posts went out.
+fn posts_in_order(view: &Value) -> Vec<(String, String)> {
+    view["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|attempt| attempt["kind"] == "post")
+        .map(|attempt| {
+            (
+                attempt["buyer_id"].as_str().unwrap().to_string(),
+                attempt["outcome"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn pair(buyer: &str, outcome: &str) -> (String, String) {
+    (buyer.to_string(), outcome.to_string())
+}
+
+async fn an_auction_posts_to_the_highest_bidder_first_and_falls_back_in_bid_order(
+    backend: Backend,
+) {
+    // Priorities run opposite to the bids: the auction ignores them.
+    let low = TestBuyer::start(bid(10.0), bid(10.0));
+    let mid = TestBuyer::start(bid(20.0), bid(20.0));
+    let high = TestBuyer::start(bid(30.0), Answer::Reject);
+    let toml = BuyerConfig::new("low", 1).toml(&low.base)
+        + &BuyerConfig::new("mid", 2).toml(&mid.base)
+        + &BuyerConfig::new("high", 3).toml(&high.base);
+    let app = spawn_app_adjusted(backend, &toml, auction(Duration::from_secs(2), None)).await;
+    let id = app.submit(json!({"email": "auction@example.com"})).await;
+    let view = app.wait_for_state(&id, "sold").await;
+
+    assert_eq!(view["sold_to"], "mid");
+    assert_eq!(view["price"], 20.0);
+    assert_eq!(
+        posts_in_order(&view),
+        [pair("high", "rejected"), pair("mid", "accepted")]
+    );
+    for buyer in [&low, &mid, &high] {
+        assert_eq!(buyer.calls("ping").len(), 1, "every buyer pinged once");
+    }
+    assert!(low.calls("post").is_empty());
+    let post: Value = serde_json::from_str(&mid.calls("post")[0].body).unwrap();
+    assert_eq!(post["bid"], 20.0, "its own bid");
+    assert_eq!(post["ping_id"], "auction-20", "its own ping id");
+}
+
+async fn a_ping_slower_than_the_auction_window_is_neither_waited_for_nor_posted(backend: Backend) {
+    let slow = TestBuyer::start(
+        Answer::Bid {
+            bid: 50.0,
+            delay: Duration::from_millis(1500),
+        },
+        bid(50.0),
+    );
+    let fast = TestBuyer::start(bid(10.0), bid(10.0));
+    let toml = BuyerConfig::new("slow", 1).toml(&slow.base)
+        + &BuyerConfig::new("fast", 2).toml(&fast.base);
+    let app = spawn_app_adjusted(backend, &toml, auction(Duration::from_millis(300), None)).await;
+    let id = app.submit(json!({"email": "window@example.com"})).await;
+    let view = app.wait_for_state(&id, "sold").await;
+    assert_eq!(view["sold_to"], "fast");
+    assert_eq!(posts_in_order(&view), [pair("fast", "accepted")]);
+
+    // The late answer is still recorded, and never posted.
+    wait_until(
+        "the late ping to be recorded",
+        Duration::from_secs(10),
+        || async {
+            let view = app.lead(&id).await;
+            view["attempts"].as_array().unwrap().iter().any(|attempt| {
+                attempt["buyer_id"] == "slow"
+                    && attempt["kind"] == "ping"
+                    && attempt["outcome"] == "accepted"
+            })
+        },
+    )
+    .await;
+    assert!(slow.calls("post").is_empty());
+}
+
+async fn a_direct_post_buyer_takes_part_at_its_price_and_floors_hold(backend: Backend) {
+    let top = TestBuyer::start(bid(25.0), Answer::Reject);
+    let direct = TestBuyer::start(accept(), Answer::Reject);
+    let cheap = TestBuyer::start(bid(5.0), bid(5.0));
+    let picky = TestBuyer::start(bid(12.0), bid(12.0));
+    let last = TestBuyer::start(bid(10.0), bid(10.0));
+    let toml = BuyerConfig::new("top", 1).toml(&top.base)
+        + &BuyerConfig {
+            ping_timeout: None,
+            extra: "price = 20.0",
+            ..BuyerConfig::new("direct", 2)
+        }
+        .toml(&direct.base)
+        + &BuyerConfig::new("cheap", 3).toml(&cheap.base)
+        + &BuyerConfig {
+            extra: "min_bid = 15.0",
+            ..BuyerConfig::new("picky", 4)
+        }
+        .toml(&picky.base)
+        + &BuyerConfig::new("last", 5).toml(&last.base);
+    let app = spawn_app_adjusted(backend, &toml, auction(Duration::from_secs(2), Some(8.0))).await;
+    let id = app.submit(json!({"email": "floors@example.com"})).await;
+    let view = app.wait_for_state(&id, "sold").await;
+
+    assert_eq!(
+        posts_in_order(&view),
+        [
+            pair("top", "rejected"),
+            pair("direct", "rejected"),
+            pair("last", "accepted")
+        ]
+    );
+    let mut below: Vec<(String, String)> = outcomes(&view)
+        .into_iter()
+        .filter(|(_, outcome)| outcome == "below_min_bid")
+        .collect();
+    below.sort();
+    assert_eq!(
+        below,
+        [
+            pair("cheap", "below_min_bid"),
+            pair("picky", "below_min_bid")
+        ],
+        "under the reserve price and under a buyer's min_bid: never posted"
+    );
+    assert!(cheap.calls("post").is_empty() && picky.calls("post").is_empty());
+    assert!(
+        direct.calls("ping").is_empty(),
+        "a direct-post buyer is not pinged"
+    );
+}
 
 fn outcomes(view: &Value) -> Vec<(String, String)> {
     view["attempts"]
@@ -56,7 +216,10 @@ async fn a_schedule_skips_a_buyer_outside_its_days_and_hours_across_midnight(bac
     // Saturday 01:00 UTC: a Saturday for `weekdays`, Friday 20:00 in New
     // York (closed) for `office`, and still Friday's night for `nights`.
     let saturday_night: DateTime<Utc> = "2026-12-05T01:00:00Z".parse().unwrap();
-    let app = spawn_app_with_clock(backend, &toml, Clock::Fixed(saturday_night)).await;
+    let app = spawn_app_adjusted(backend, &toml, |settings| {
+        settings.clock = Clock::Fixed(saturday_night)
+    })
+    .await;
     let id = app.submit(json!({"email": "late@example.com"})).await;
     let view = app.wait_for_state(&id, "sold").await;
     assert_eq!(view["sold_to"], "nights");

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use std::future::Future;
 
-use leadrouter::clock::Clock;
 use leadrouter::config::{self, Settings};
 use leadrouter::startup::Application;
 use leadrouter::store::Store;
@@ -107,16 +106,21 @@ pub async fn spawn_app(backend: Backend) -> TestApp {
 
 /// Starts the app on `BASE_CONFIG` plus `extra` TOML (appended).
 pub async fn spawn_app_with(backend: Backend, extra: &str) -> TestApp {
-    spawn_app_with_clock(backend, extra, Clock::System).await
+    spawn_app_adjusted(backend, extra, |_| {}).await
 }
 
-/// As [`spawn_app_with`], reading buyer schedules with `clock`.
-pub async fn spawn_app_with_clock(backend: Backend, extra: &str, clock: Clock) -> TestApp {
+/// As [`spawn_app_with`], with settings the TOML cannot give (a fixed
+/// clock) or that `BASE_CONFIG`'s tables already hold (`[routing]` keys).
+pub async fn spawn_app_adjusted(
+    backend: Backend,
+    extra: &str,
+    adjust: impl FnOnce(&mut Settings),
+) -> TestApp {
     let database = TestDatabase::create(backend).await;
     let url = database.url.clone();
     TestApp {
         _database: Some(database),
-        ..spawn_app_on(&url, extra, clock).await
+        ..spawn_app_on(&url, extra, adjust).await
     }
 }
 
@@ -128,14 +132,18 @@ pub async fn spawn_instance_of(app: &TestApp, extra: &str) -> TestApp {
         .expect("an app with its own database")
         .url
         .clone();
-    spawn_app_on(&url, extra, Clock::System).await
+    spawn_app_on(&url, extra, |_| {}).await
 }
 
 /// Starts an instance on `database_url` (which outlives it).
-async fn spawn_app_on(database_url: &str, extra: &str, clock: Clock) -> TestApp {
+async fn spawn_app_on(
+    database_url: &str,
+    extra: &str,
+    adjust: impl FnOnce(&mut Settings),
+) -> TestApp {
     leadrouter::telemetry::init();
     let mut settings = test_settings(extra);
-    settings.clock = clock;
+    adjust(&mut settings);
     settings.database.url = config::Secret::new(database_url.to_string());
     settings.server.listen = "127.0.0.1:0".into();
     let files = tempfile::tempdir().expect("temp dir");
