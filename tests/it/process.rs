@@ -16,6 +16,8 @@ use crate::helpers::{open_store, wait_until, TestApp, ADMIN_TOKEN, BUYER_TOKEN, 
 /// service within one test.
 pub struct ServiceConfig {
     dir: tempfile::TempDir,
+    /// More `[routing]` keys, one per line.
+    routing: String,
     /// Where the test itself reads the database (not through a proxy).
     pub test_database_url: String,
 }
@@ -25,8 +27,19 @@ impl ServiceConfig {
     /// timeout, a 2 s lease, a 200 ms sweep, `shutdown_grace`, and `extra`
     /// TOML (buyers, other sections).
     pub fn write(database_url: &str, shutdown_grace: &str, extra: &str) -> Self {
+        Self::write_with_routing(database_url, shutdown_grace, "", extra)
+    }
+
+    /// As [`ServiceConfig::write`], with more `[routing]` keys.
+    pub fn write_with_routing(
+        database_url: &str,
+        shutdown_grace: &str,
+        routing: &str,
+        extra: &str,
+    ) -> Self {
         let config = Self {
             dir: tempfile::tempdir().expect("temp dir"),
+            routing: routing.to_string(),
             test_database_url: database_url.to_string(),
         };
         config.write_file(database_url, shutdown_grace, extra);
@@ -70,10 +83,12 @@ spool_dir = "{spool}"
 [routing]
 lease = "2s"
 sweep_interval = "200ms"
+{routing}
 {SOURCES}
 {extra}
 "#,
             spool = spool.display(),
+            routing = self.routing,
         );
         std::fs::write(self.path(), text).expect("config written");
     }

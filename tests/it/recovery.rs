@@ -22,6 +22,8 @@ on_both_databases!(
     a_panicking_buyer_actor_is_restarted_and_its_lead_finished,
     sigterm_refuses_leads_releases_leases_and_exits_zero,
     leads_unsold_in_an_outage_are_sold_after_kill_9_once_the_buyer_is_back,
+    a_crash_mid_auction_re_sends_nothing,
+    an_auction_walked_again_after_a_crash_reuses_its_pings,
 );
 
 const FINAL_STATES: [&str; 3] = ["sold", "unsold", "unknown"];
@@ -761,5 +763,101 @@ async fn a_person_spooled_during_a_cut_drains_in_as_a_duplicate() {
         "decided by the same claim as intake"
     );
     assert_eq!(row.duplicate_of.as_deref(), Some(stored.as_str()));
+    crate::helpers::close_stores().await;
+}
+
+async fn a_crash_mid_auction_re_sends_nothing(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
+    let bid = |amount| Answer::Bid {
+        bid: amount,
+        delay: Duration::ZERO,
+    };
+    let high = TestBuyer::start(bid(30.0), Answer::Hang);
+    let low = TestBuyer::start(bid(10.0), bid(10.0));
+    let buyers = BuyerConfig {
+        post_timeout: "60s",
+        ..BuyerConfig::new("high", 2)
+    }
+    .toml(&high.base)
+        + &BuyerConfig::new("low", 1).toml(&low.base);
+    let config = ServiceConfig::write_with_routing(
+        &database.url,
+        "2s",
+        "mode = \"auction\"\nauction_window = \"2s\"",
+        &buyers,
+    );
+    let mut service = Service::start(&config).await;
+    let answer = service.app.post_feed_lead(&feed_lead("mid-auction")).await;
+    let lead_id = answer.json()["submission_id"].as_str().unwrap().to_string();
+    wait_until(
+        "the top bid's post to be out",
+        Duration::from_secs(20),
+        || async { high.calls("post").len() == 1 },
+    )
+    .await;
+    service.kill_9();
+
+    let service = Service::start(&config).await;
+    service.app.wait_for_state(&lead_id, "unknown").await;
+    assert_eq!(high.calls("ping").len(), 1, "nobody pinged twice");
+    assert_eq!(low.calls("ping").len(), 1, "nobody pinged twice");
+    assert_eq!(high.calls("post").len(), 1, "the post is never re-sent");
+    assert!(
+        low.calls("post").is_empty(),
+        "an unanswered post stops the auction"
+    );
+    crate::helpers::close_stores().await;
+}
+
+async fn an_auction_walked_again_after_a_crash_reuses_its_pings(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
+    let hanging = TestBuyer::start(Answer::Hang, accept());
+    let low = TestBuyer::start(
+        Answer::Bid {
+            bid: 10.0,
+            delay: Duration::ZERO,
+        },
+        accept(),
+    );
+    let buyers = BuyerConfig {
+        ping_timeout: Some("60s"),
+        ..BuyerConfig::new("hanging", 1)
+    }
+    .toml(&hanging.base)
+        + &BuyerConfig::new("low", 2).toml(&low.base);
+    let config = ServiceConfig::write_with_routing(
+        &database.url,
+        "2s",
+        "mode = \"auction\"\nauction_window = \"30s\"",
+        &buyers,
+    );
+    let mut service = Service::start(&config).await;
+    let answer = service
+        .app
+        .post_feed_lead(&feed_lead("crashed-auction"))
+        .await;
+    let lead_id = answer.json()["submission_id"].as_str().unwrap().to_string();
+    wait_until(
+        "both pings to be out and one answered",
+        Duration::from_secs(20),
+        || async {
+            let attempts = attempts_of(&service.app, &lead_id).await;
+            hanging.calls("ping").len() == 1
+                && attempts
+                    .iter()
+                    .any(|attempt| attempt.buyer_id == "low" && attempt.outcome == "accepted")
+        },
+    )
+    .await;
+    service.kill_9();
+
+    let service = Service::start(&config).await;
+    let view = service.app.wait_for_state(&lead_id, "sold").await;
+    assert_eq!(
+        view["sold_to"], "low",
+        "the accepted ping of the first walk"
+    );
+    assert_eq!(low.calls("ping").len(), 1, "not pinged again");
+    assert_eq!(hanging.calls("ping").len(), 1, "not pinged again");
     crate::helpers::close_stores().await;
 }
