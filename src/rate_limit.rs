@@ -94,6 +94,8 @@ mod tests {
                 per_ip: Some("2/min".parse().unwrap()),
                 total: None,
             }),
+            payout: None,
+            payout_share: None,
             fields: None,
         };
         let limiter = RateLimiter::default();

@@ -74,10 +74,11 @@ impl Application {
             alerts: Alerts::new(store.clone(), &settings.alerts),
             metrics: metrics.clone(),
         };
-        let tree = Overseer::start(&settings, instance_id, services);
         let grace = settings.server.shutdown_grace;
+        let settings = SharedSettings::new(settings);
+        let tree = Overseer::start(&settings, instance_id, services);
         let state = web::Data::new(AppState {
-            settings: SharedSettings::new(settings),
+            settings,
             store: store.clone(),
             tree: tree.clone(),
             limiter: RateLimiter::default(),

@@ -15,6 +15,8 @@ pub struct Model {
     pub sold_at: DateTimeUtc,
     pub returned_at: Option<DateTimeUtc>,
     pub return_reason: Option<String>,
+    /// What the lead's source is paid for this sale.
+    pub payout: Option<f64>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

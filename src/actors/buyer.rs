@@ -27,7 +27,7 @@ use crate::buyer::latency::Latencies;
 use crate::buyer::recorded_call::{make_call, CallPlan, Offered};
 use crate::buyer::request::{self, LeadOffer, PingResult};
 use crate::buyer::slots::Slots;
-use crate::config::BuyerSettings;
+use crate::config::{BuyerSettings, PayoutRule};
 use crate::domain::{AttemptKind, CallKind, CallOutcome, ClaimToken, LeadId, SkipReason};
 use crate::metrics::Metrics;
 use crate::store::{CapSlot, NewAttempt, Store, Written};
@@ -52,6 +52,8 @@ pub struct OfferLead {
     pub instance_id: Arc<str>,
     /// The claim the lead is held under; the call is made only while it holds.
     pub claim_token: ClaimToken,
+    /// What the lead's source is paid if this call sells it.
+    pub payout: PayoutRule,
     /// An operator's retry: the attempt replayed, with the settings its
     /// snapshot froze (used instead of the buyer's current ones).
     pub retry: Option<Retry>,
@@ -282,6 +284,7 @@ impl Buyer {
             check,
             attempt,
             ping: offer.ping,
+            payout: offer.payout,
             client,
             inject_panic,
         })

@@ -21,7 +21,7 @@ use super::waterfall::RoutingContext;
 use super::{Intake, IntakeRules};
 use crate::alerts::Alerts;
 use crate::buyer::board::Board;
-use crate::config::Settings;
+use crate::config::SharedSettings;
 use crate::metrics::Metrics;
 use crate::spool::Spool;
 use crate::store::{FailurePolicy, Store};
@@ -56,7 +56,8 @@ pub struct Overseer;
 impl Overseer {
     /// Starts every actor on the current arbiter. `instance_id` names this
     /// process in leases and attempt rows.
-    pub fn start(settings: &Settings, instance_id: Arc<str>, services: Services) -> Tree {
+    pub fn start(shared: &SharedSettings, instance_id: Arc<str>, services: Services) -> Tree {
+        let settings = &*shared.current();
         let Services {
             store,
             spool,
@@ -84,6 +85,7 @@ impl Overseer {
             clock: settings.clock,
             mode: settings.routing.mode,
             auction_window: settings.routing.auction_window,
+            settings: shared.clone(),
         };
 
         let directory = BuyerDirectory::default();

@@ -190,6 +190,7 @@ pub async fn replay(routing: &RoutingContext, held: Held) -> Result<attempt::Mod
             ping,
             instance_id: routing.instance_id.clone(),
             claim_token: held.token.clone(),
+            payout: routing.settings.current().payout_rule(&held.lead.source_id),
             retry: Some(Retry {
                 of: held.original.id.clone(),
                 settings: Arc::new(held.settings),

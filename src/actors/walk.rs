@@ -152,6 +152,11 @@ impl<'a> Walk<'a> {
             ping,
             instance_id: self.routing.instance_id.clone(),
             claim_token: self.token.clone(),
+            payout: self
+                .routing
+                .settings
+                .current()
+                .payout_rule(&self.row.source_id),
             retry: None,
         }
     }

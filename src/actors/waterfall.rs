@@ -30,7 +30,7 @@ use super::walk::Walk;
 use crate::alerts::{AlertKind, Alerts};
 use crate::buyer::recorded_call::{sale_price, Offered};
 use crate::clock::Clock;
-use crate::config::{buyer_from_snapshot, RoutingMode};
+use crate::config::{buyer_from_snapshot, RoutingMode, SharedSettings};
 use crate::domain::{AttemptKind, AttemptOutcome, CallOutcome, ClaimToken, LeadId, LeadState};
 use crate::store::{is_unreachable, FailurePolicy, LeadEnd, SaleOf, Store};
 
@@ -51,6 +51,8 @@ pub struct RoutingContext {
     /// `routing.mode`, and how long an auction waits for its pings.
     pub mode: RoutingMode,
     pub auction_window: Duration,
+    /// The live configuration (reloads): what each source is paid.
+    pub settings: SharedSettings,
 }
 
 /// Sent to the router when a waterfall ends.
@@ -226,7 +228,7 @@ async fn route_claimed(
         history = store.attempts_of(&row.id).await?;
         if posts > 0 {
             // Whatever history it belongs to: the buyer may have taken it.
-            if let Some(end) = sold_by_history(store, &row.id, &history).await? {
+            if let Some(end) = sold_by_history(routing, row, &history).await? {
                 return Ok(end);
             }
             let message = format!(
@@ -242,7 +244,7 @@ async fn route_claimed(
     }
     // An accepted post whose sale never got written sells the lead, in
     // whichever history it is (a reroute cannot hide it).
-    if let Some(end) = sold_by_history(store, &row.id, &history).await? {
+    if let Some(end) = sold_by_history(routing, row, &history).await? {
         return Ok(end);
     }
     // After a reroute only the attempts since decide the lead.
@@ -288,10 +290,11 @@ fn posted_to(history: &[attempt::Model]) -> impl Iterator<Item = String> + '_ {
 /// An accepted post in the lead's history that has no sale row (its
 /// commit failed): the sale is written now, to that buyer.
 async fn sold_by_history(
-    store: &Store,
-    lead_id: &str,
+    routing: &RoutingContext,
+    row: &lead::Model,
     history: &[attempt::Model],
 ) -> Result<Option<WalkEnd>, RouteError> {
+    let (store, lead_id) = (&routing.store, row.id.as_str());
     let accepted = Some(AttemptOutcome::Call(CallOutcome::Accepted));
     let mut accepted_posts = history
         .iter()
@@ -305,10 +308,16 @@ async fn sold_by_history(
     let Some(post) = accepted_posts.find(|post| !sold_by.contains(&post.id)) else {
         return Ok(None);
     };
+    let price = price_of(post, history);
     let sale = SaleOf {
         lead_id,
         buyer_id: &post.buyer_id,
-        price: price_of(post, history),
+        price,
+        payout: routing
+            .settings
+            .current()
+            .payout_rule(&row.source_id)
+            .amount(price),
     };
     if store.sell_from_history(&post.id, sale).await? {
         tracing::warn!(%lead_id, buyer_id = %post.buyer_id, "an accepted post had no sale: sold from its history");

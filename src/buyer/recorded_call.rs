@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::accept::{number_at, text_at, AcceptCheck};
 use super::call::{exchange, Exchange};
 use super::request::{BuyerRequest, PingResult};
-use crate::config::BuyerSettings;
+use crate::config::{BuyerSettings, PayoutRule};
 use crate::domain::{AttemptKind, CallKind, CallOutcome, SkipReason};
 use crate::metrics::Metrics;
 use crate::store::{AttemptEnd, Begun, CapSlot, NewAttempt, SaleOf, Store, Written};
@@ -55,6 +55,8 @@ pub struct CallPlan {
     pub attempt: NewAttempt,
     /// The accepted ping's answer, for a post's price.
     pub ping: PingResult,
+    /// What the lead's source is paid if the post sells it.
+    pub payout: PayoutRule,
     pub client: awc::Client,
     /// Fault injection for supervision tests: panic after the row is written.
     pub inject_panic: bool,
@@ -70,6 +72,7 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
         check,
         mut attempt,
         ping,
+        payout,
         client,
         inject_panic,
     } = plan;
@@ -121,7 +124,13 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
     let recorded = match (kind, answer.outcome) {
         (CallKind::Post, CallOutcome::Accepted) => {
             let price = sale_price(&settings, answer.body.as_deref(), ping.bid);
-            return sell(&store, report, end, lead_id.as_str(), &settings.id, price).await;
+            let sale = SaleOf {
+                lead_id: lead_id.as_str(),
+                buyer_id: &settings.id,
+                price,
+                payout: payout.amount(price),
+            };
+            return sell(&store, report, end, sale).await;
         }
         // A post that cannot have sold gives its cap slots back.
         (CallKind::Post, CallOutcome::Rejected | CallOutcome::Error) => {
@@ -148,19 +157,8 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
 
 /// Records an accepted post with its sale; if that commit fails, the
 /// acceptance alone, so that the lead's history sells it on recovery.
-async fn sell(
-    store: &Store,
-    report: CallReport,
-    end: AttemptEnd,
-    lead_id: &str,
-    buyer_id: &str,
-    price: Option<f64>,
-) -> Offered {
-    let sale = SaleOf {
-        lead_id,
-        buyer_id,
-        price,
-    };
+async fn sell(store: &Store, report: CallReport, end: AttemptEnd, sale: SaleOf<'_>) -> Offered {
+    let (lead_id, buyer_id) = (sale.lead_id, sale.buyer_id);
     match store.sell(&report.attempt_id, end.clone(), sale).await {
         Ok(Written::Done) => return Offered::Sold(report),
         Ok(Written::AlreadySold) => {

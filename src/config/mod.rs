@@ -311,6 +311,43 @@ pub struct SourceSettings {
     pub rate_limit: Option<RateLimitSettings>,
     /// Normalised name = payload key; `None`: every top-level key passes through.
     pub fields: Option<BTreeMap<String, String>>,
+    /// What the source is paid per sold lead (money: TOML float).
+    pub payout: Option<f64>,
+    /// Or: this fraction of the sale price.
+    pub payout_share: Option<f64>,
+}
+
+/// What a source is paid per sold lead: a fixed amount, or a share of the
+/// sale price (none: nothing).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PayoutRule {
+    fixed: Option<f64>,
+    share: Option<f64>,
+}
+
+impl PayoutRule {
+    /// The payout of a sale at `price`.
+    pub fn amount(self, price: Option<f64>) -> Option<f64> {
+        match (self.fixed, self.share) {
+            (Some(fixed), _) => Some(fixed),
+            (None, Some(share)) => price.map(|price| price * share),
+            (None, None) => None,
+        }
+    }
+}
+
+impl Settings {
+    /// The payout rule of the source `source_id` (none for an unknown one).
+    pub fn payout_rule(&self, source_id: &str) -> PayoutRule {
+        self.sources
+            .iter()
+            .find(|source| source.id == source_id)
+            .map(|source| PayoutRule {
+                fixed: source.payout,
+                share: source.payout_share,
+            })
+            .unwrap_or_default()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

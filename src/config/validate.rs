@@ -68,6 +68,19 @@ pub fn check(settings: &Settings) -> Vec<Problem> {
         } else if !source_ids.insert(source.id.as_str()) {
             problem(at("id"), format!("duplicate source id {:?}", source.id));
         }
+        match (source.payout, source.payout_share) {
+            (Some(_), Some(_)) => problem(
+                at("payout_share"),
+                "set payout or payout_share, not both".into(),
+            ),
+            (Some(payout), None) if !(payout.is_finite() && payout >= 0.0) => {
+                problem(at("payout"), "must be a number ≥ 0".into())
+            }
+            (None, Some(share)) if !(0.0..=1.0).contains(&share) => {
+                problem(at("payout_share"), "must be between 0 and 1".into())
+            }
+            _ => {}
+        }
         match (source.kind, &source.api_key) {
             (SourceKind::Feed, None) => problem(at("api_key"), "a feed needs an api_key".into()),
             (SourceKind::Feed, Some(key)) if key.expose().is_empty() => {

@@ -301,6 +301,8 @@ mod tests {
             thank_you_url: String::new(),
             rate_limit: None,
             fields: None,
+            payout: None,
+            payout_share: None,
         }
     }
 

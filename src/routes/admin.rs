@@ -141,10 +141,17 @@ pub async fn resolve(
     {
         return Err(ApiError::BadRequest("price must be a number ≥ 0".into()));
     }
+    let source = state
+        .store
+        .find_lead(&path)
+        .await?
+        .map(|lead| lead.source_id)
+        .unwrap_or_default();
     let settlement = Settlement {
         buyer_id: &body.buyer_id,
         sold: body.sold,
         price: body.price,
+        payout: state.settings().payout_rule(&source).amount(body.price),
     };
     let row = state.store.resolve_unknown_lead(&path, settlement).await?;
     Ok(HttpResponse::Ok().json(full_view(&state, row).await?))

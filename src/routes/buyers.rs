@@ -4,11 +4,12 @@
 use std::collections::HashMap;
 
 use actix_web::{web, HttpResponse};
-use chrono::{DateTime, Timelike, Utc};
+use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::error::ErrorBody;
+use super::report::start_of_day;
 use super::{Admin, ApiError, AppState};
 use crate::actors::buyer::ForceCircuit;
 use crate::buyer::board::BuyerStatus;
@@ -89,14 +90,6 @@ fn assemble(
             status,
         })
         .collect()
-}
-
-fn start_of_day(now: DateTime<Utc>) -> DateTime<Utc> {
-    now.with_hour(0)
-        .and_then(|t| t.with_minute(0))
-        .and_then(|t| t.with_second(0))
-        .and_then(|t| t.with_nanosecond(0))
-        .unwrap_or(now)
 }
 
 /// The circuit states an operator can set.

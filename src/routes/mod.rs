@@ -10,6 +10,7 @@ mod health;
 mod intake;
 mod leads;
 mod openapi;
+mod report;
 mod status;
 mod status_page;
 
@@ -73,6 +74,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/leads/{id}/return", web::post().to(admin::return_lead))
         .route("/v1/attempts/{id}/retry", web::post().to(admin::retry))
         .route("/v1/alerts", web::get().to(admin::alerts))
+        .route("/v1/report", web::get().to(report::report))
         .route("/v1/admin/reload", web::post().to(admin::reload))
         .route("/v1/leads/{id}/status", web::get().to(leads::status))
         .route("/v1/review", web::get().to(leads::review))

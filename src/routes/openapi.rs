@@ -8,7 +8,7 @@ use serde_json::Value;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
-use super::{admin, buyers, health, intake, leads, status, status_page};
+use super::{admin, buyers, health, intake, leads, report, status, status_page};
 use crate::domain::Contract;
 
 #[derive(OpenApi)]
@@ -30,6 +30,7 @@ use crate::domain::Contract;
         admin::return_lead,
         admin::retry,
         admin::alerts,
+        report::report,
         admin::reload,
         buyers::list,
         buyers::set_circuit,

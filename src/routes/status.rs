@@ -8,11 +8,15 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use chrono::Utc;
+
 use super::buyers::{live_buyer_views, BuyerView};
 use super::error::ErrorBody;
+use super::report::start_of_day;
 use super::{Admin, ApiError, AppState};
 use crate::domain::LeadState;
 use crate::metrics::Snapshot;
+use crate::store::Money;
 
 /// Leads by state.
 #[derive(Debug, Default, Serialize, ToSchema)]
@@ -43,6 +47,9 @@ pub struct StatusView {
     spool: Backlog,
     /// `ok` or `unreachable`.
     database: String,
+    /// Sales made today (UTC) and not returned: revenue, payout, margin;
+    /// null while the database is unreachable.
+    today: Option<Money>,
 }
 
 /// Buyers, lead counts, the review queue and the spool backlog.
@@ -77,6 +84,7 @@ pub async fn status(
         }
     };
     let set_aside = state.store.set_aside_count().await.unwrap_or(0);
+    let today = state.store.money_since(start_of_day(Utc::now())).await.ok();
     let review = leads.as_ref().map(|leads| Backlog {
         pending: leads.invalid + leads.unknown + set_aside,
     });
@@ -88,6 +96,7 @@ pub async fn status(
             pending: state.tree.spool.pending() as u64,
         },
         database: database.into(),
+        today,
     }))
 }
 

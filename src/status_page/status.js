@@ -41,6 +41,9 @@ function draw(status) {
   document.getElementById("review-size").textContent = status.review ? String(status.review.pending) : "–";
   document.getElementById("spool-size").textContent = String(status.spool.pending);
   document.getElementById("database").textContent = status.database;
+  for (const figure of ["revenue", "payout", "margin"]) {
+    document.getElementById(figure).textContent = status.today ? status.today[figure].toFixed(2) : "–";
+  }
   document.getElementById("freshness").textContent = "updated " + new Date().toLocaleTimeString();
 }
 

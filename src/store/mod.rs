@@ -6,6 +6,7 @@ mod caps;
 mod leads;
 mod operations;
 mod person;
+mod report;
 mod routing;
 
 use std::time::Duration;
@@ -18,6 +19,7 @@ pub use attempt_writer::Written;
 pub use caps::{CapPeriod, CapSlot, CapUse};
 pub use leads::{contract_of_row, DuplicateRule, LeadFilter, LeadPage, NewLead, PersistOutcome};
 pub use operations::{OperationError, Settlement};
+pub use report::{Money, ReportBy, ReportRow};
 pub use routing::{
     AttemptEnd, Begun, Claimed, FailurePolicy, HeldLead, LeadEnd, NewAttempt, OutcomeCounts, SaleOf,
 };

@@ -32,6 +32,8 @@ pub struct Settlement<'a> {
     pub buyer_id: &'a str,
     pub sold: bool,
     pub price: Option<f64>,
+    /// What the lead's source is paid if sold.
+    pub payout: Option<f64>,
 }
 
 impl Store {
@@ -203,6 +205,7 @@ impl Store {
                 settlement.buyer_id,
                 post.map(|post| post.id),
                 settlement.price,
+                settlement.payout,
             ))
             .exec_without_returning(&txn)
             .await;
@@ -325,6 +328,7 @@ pub(super) fn new_sale(
     buyer_id: &str,
     attempt_id: Option<String>,
     price: Option<f64>,
+    payout: Option<f64>,
 ) -> sale::ActiveModel {
     sale::ActiveModel {
         id: Set(new_id()),
@@ -335,5 +339,6 @@ pub(super) fn new_sale(
         sold_at: Set(Utc::now()),
         returned_at: Set(None),
         return_reason: Set(None),
+        payout: Set(payout),
     }
 }

@@ -593,6 +593,7 @@ impl Store {
             sale.buyer_id,
             Some(attempt_id.to_string()),
             sale.price,
+            sale.payout,
         );
         self.attempts
             .write(AttemptWrite::Sell {
@@ -618,6 +619,7 @@ impl Store {
             sale.buyer_id,
             Some(attempt_id.to_string()),
             sale.price,
+            sale.payout,
         );
         let sold = insert_sale(&txn, row).await?;
         mark_sold(&txn, sale.lead_id).await?;
@@ -726,6 +728,8 @@ pub struct SaleOf<'a> {
     pub lead_id: &'a str,
     pub buyer_id: &'a str,
     pub price: Option<f64>,
+    /// What the lead's source is paid for it.
+    pub payout: Option<f64>,
 }
 
 fn fence_of(new: &NewAttempt) -> (Fence, Vec<CapSlot>) {

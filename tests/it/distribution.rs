@@ -1,6 +1,6 @@
 //! Distribution (SPEC section 7, "Distribution options"): the ping auction
-//! against buyers bidding different amounts, and buyer schedules read with
-//! a fixed clock.
+//! against buyers bidding different amounts, buyer schedules read with a
+//! fixed clock, and money per source and buyer.
 
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ on_both_databases!(
     an_auction_posts_to_the_highest_bidder_first_and_falls_back_in_bid_order,
     a_ping_slower_than_the_auction_window_is_neither_waited_for_nor_posted,
     a_direct_post_buyer_takes_part_at_its_price_and_floors_hold,
+    the_report_sums_revenue_payout_and_margin_and_a_return_reverses_them,
 );
 
 fn bid(amount: f64) -> Answer {
@@ -246,4 +247,116 @@ async fn a_schedule_skips_a_buyer_outside_its_days_and_hours_across_midnight(bac
             (json!("nights"), json!(true)),
         ]
     );
+}
+
+/// The report's row for `id`.
+fn report_row(report: &Value, id: &str) -> Value {
+    report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("no row {id} in {report}"))
+}
+
+fn figures(row: &Value) -> [f64; 6] {
+    ["leads", "valid", "sold", "revenue", "payout", "margin"].map(|key| row[key].as_f64().unwrap())
+}
+
+async fn the_report_sums_revenue_payout_and_margin_and_a_return_reverses_them(backend: Backend) {
+    // Every post sells for 15.
+    let acme = TestBuyer::start(accept(), accept());
+    let app = spawn_app_adjusted(
+        backend,
+        &BuyerConfig::new("acme", 1).toml(&acme.base),
+        |settings| {
+            let share = settings
+                .sources
+                .iter_mut()
+                .find(|s| s.id == "website")
+                .unwrap();
+            share.payout_share = Some(0.5);
+            let fixed = settings
+                .sources
+                .iter_mut()
+                .find(|s| s.id == "partner")
+                .unwrap();
+            fixed.payout = Some(4.0);
+        },
+    )
+    .await;
+    let from = Utc::now() - chrono::Duration::seconds(1);
+    let web_one = app.submit(json!({"email": "w1@example.com"})).await;
+    let web_two = app.submit(json!({"email": "w2@example.com"})).await;
+    let invalid = app.post_form_lead(&json!({"email": "not an email"})).await;
+    assert_eq!(invalid.status, 422);
+    let feed = app
+        .post_feed_lead(&json!({"lead_id": "p1", "email": "p1@example.com"}))
+        .await;
+    let feed = feed.json()["submission_id"].as_str().unwrap().to_string();
+    for id in [&web_one, &web_two, &feed] {
+        app.wait_for_state(id, "sold").await;
+    }
+    let report = |by: &'static str| {
+        let app = &app;
+        async move {
+            let to = (Utc::now() + chrono::Duration::seconds(1)).to_rfc3339();
+            let path = format!(
+                "/v1/report?from={}&to={}&by={by}",
+                urlencoded(&from.to_rfc3339()),
+                urlencoded(&to)
+            );
+            let answer = app.admin_get(&path).await;
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            answer.json()
+        }
+    };
+    let by_source = report("source").await;
+    assert_eq!(
+        figures(&report_row(&by_source, "website")),
+        [3.0, 2.0, 2.0, 30.0, 15.0, 15.0]
+    );
+    assert_eq!(report_row(&by_source, "website")["sell_through"], 1.0);
+    assert_eq!(
+        figures(&report_row(&by_source, "partner")),
+        [1.0, 1.0, 1.0, 15.0, 4.0, 11.0]
+    );
+    let by_buyer = report("buyer").await;
+    assert_eq!(
+        figures(&report_row(&by_buyer, "acme")),
+        [3.0, 3.0, 3.0, 45.0, 19.0, 26.0]
+    );
+    let today = app
+        .send(app.client.get(app.url("/v1/status")), "")
+        .await
+        .json();
+    assert_eq!(today["today"]["revenue"], 45.0, "{today}");
+    assert_eq!(today["today"]["margin"], 26.0);
+
+    let returned = app
+        .admin_send(
+            "POST",
+            &format!("/v1/leads/{web_one}/return"),
+            json!({"reason": "fake"}),
+        )
+        .await;
+    assert_eq!(returned.status, 200, "{}", returned.text());
+    let by_source = report("source").await;
+    assert_eq!(
+        figures(&report_row(&by_source, "website")),
+        [3.0, 2.0, 1.0, 15.0, 7.5, 7.5],
+        "the return reversed its revenue and payout"
+    );
+    let by_buyer = report("buyer").await;
+    assert_eq!(
+        figures(&report_row(&by_buyer, "acme")),
+        [3.0, 3.0, 2.0, 30.0, 11.5, 18.5]
+    );
+    let bad = app.admin_get("/v1/report?by=country").await;
+    assert_eq!(bad.status, 400);
+}
+
+fn urlencoded(text: &str) -> String {
+    text.replace('+', "%2B").replace(':', "%3A")
 }

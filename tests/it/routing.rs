@@ -299,6 +299,7 @@ async fn two_buyers_that_both_accept_make_one_sale(backend: Backend) {
         sold_at: Set(chrono::Utc::now()),
         returned_at: Set(None),
         return_reason: Set(None),
+        payout: Set(None),
     })
     .exec_without_returning(app.store.connection())
     .await;
