@@ -2,7 +2,8 @@
 //! three `leadrouter mock-buyer` processes, against an intake-only run of
 //! the same binary measured in the same run. Reports routed leads/s, the
 //! server's CPU time per outbound call, and intake latency with healthy and
-//! with hanging buyers.
+//! with hanging buyers; then the same buyers sold to by auction, against the
+//! waterfall run (leads/s, median time from arrival to sale, calls per lead).
 //!
 //! `cargo bench --bench routing` — environment: `BENCH_DB` (`sqlite` or
 //! `postgres`, default sqlite), `BENCH_LEADS` (2000), `BENCH_CLIENTS` (32).
@@ -16,7 +17,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use actix_web::rt::System;
-use entity::{attempt, lead};
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use entity::{attempt, lead, sale};
 use leadrouter::config::{DatabaseSettings, Secret};
 use leadrouter::store::Store;
 use scratch_db::{Backend, TestDatabase};
@@ -45,12 +49,12 @@ fn main() {
         mock_buyer(&["--hang"]),
     ];
 
-    let intake_only = run_phase(backend, "", leads, clients, false);
+    let intake_only = run_phase(backend, "", "", leads, clients, false);
     println!(
         "intake only:      {:>7.0} leads/s acknowledged, p50 {:>5.2} ms, p99 {:>6.2} ms, server CPU {:>6.3} ms per lead",
         intake_only.load.rate, intake_only.load.p50_ms, intake_only.load.p99_ms, intake_only.cpu_ms / leads as f64
     );
-    let routed = run_phase(backend, &buyers_toml(&healthy), leads, clients, true);
+    let routed = run_phase(backend, "", &buyers_toml(&healthy), leads, clients, true);
     let routing_cpu_ms = routed.cpu_ms - intake_only.cpu_ms;
     println!(
         "with 3 buyers:    {:>7.0} leads/s routed to a final state ({:.2}x the intake-only rate), {} outbound calls",
@@ -66,12 +70,35 @@ fn main() {
         "intake latency:   healthy buyers p50 {:>5.2} ms p99 {:>6.2} ms",
         routed.load.p50_ms, routed.load.p99_ms
     );
-    let stalled = run_phase(backend, &buyers_toml(&hanging), leads, clients, false);
+    let stalled = run_phase(backend, "", &buyers_toml(&hanging), leads, clients, false);
     println!(
         "                  hanging buyers p50 {:>5.2} ms p99 {:>6.2} ms ({:.2}x the healthy p99)",
         stalled.load.p50_ms,
         stalled.load.p99_ms,
         stalled.load.p99_ms / routed.load.p99_ms
+    );
+    let auction = run_phase(
+        backend,
+        "mode = \"auction\"\nauction_window = \"500ms\"",
+        &buyers_toml(&healthy),
+        leads,
+        clients,
+        true,
+    );
+    for (mode, phase) in [("waterfall", &routed), ("auction", &auction)] {
+        println!(
+            "{mode:<9}         {:>7.0} leads/s routed, median {:>6.1} ms from arrival to sale, {:>4.2} calls per lead, {} sold",
+            phase.routed_rate,
+            phase.median_to_sale_ms,
+            phase.calls as f64 / leads as f64,
+            phase.sold
+        );
+    }
+    println!(
+        "auction / waterfall: {:.2}x leads/s, {:.2}x median time to sale, {:.2}x calls per lead",
+        auction.routed_rate / routed.routed_rate,
+        auction.median_to_sale_ms / routed.median_to_sale_ms,
+        auction.calls as f64 / routed.calls.max(1) as f64
     );
 }
 
@@ -139,11 +166,29 @@ struct Phase {
     routed_rate: f64,
     calls: u64,
     cpu_ms: f64,
+    sold: u64,
+    median_to_sale_ms: f64,
+}
+
+/// What a routed run ended as.
+#[derive(Default)]
+struct Routed {
+    rate: f64,
+    calls: u64,
+    sold: u64,
+    median_to_sale_ms: f64,
 }
 
 /// Runs `serve` on a fresh database, submits `leads`, and (if `wait`) waits
 /// until every lead is final. CPU is the server process's user + system time.
-fn run_phase(backend: Backend, buyers: &str, leads: u64, clients: usize, wait: bool) -> Phase {
+fn run_phase(
+    backend: Backend,
+    routing: &str,
+    buyers: &str,
+    leads: u64,
+    clients: usize,
+    wait: bool,
+) -> Phase {
     let database = System::new().block_on(TestDatabase::create(backend));
     let dir = tempfile::tempdir().unwrap();
     let address = free_address();
@@ -151,7 +196,7 @@ fn run_phase(backend: Backend, buyers: &str, leads: u64, clients: usize, wait: b
     std::fs::write(
         &config,
         format!(
-            "[server]\nlisten = \"{address}\"\n[database]\nurl = \"{url}\"\n[routing]\nsweep_interval = \"1s\"\n\
+            "[server]\nlisten = \"{address}\"\n[database]\nurl = \"{url}\"\n[routing]\nsweep_interval = \"1s\"\n{routing}\n\
              [[sources]]\nid = \"bench\"\nkind = \"form\"\nrequired = [\"email\"]\n{buyers}",
             url = database.url
         ),
@@ -170,19 +215,21 @@ fn run_phase(backend: Backend, buyers: &str, leads: u64, clients: usize, wait: b
     let url = format!("http://{address}/v1/leads?source=bench");
     let started = Instant::now();
     let load = System::new().block_on(submit(&url, leads, clients));
-    let (routed_rate, calls) = if wait {
+    let routed = if wait {
         System::new().block_on(wait_until_final(&database.url, started))
     } else {
-        (0.0, 0)
+        Routed::default()
     };
     let cpu_ms = cpu_ms(server.id()) - cpu_before;
     let _ = server.kill();
     let _ = server.wait();
     Phase {
         load,
-        routed_rate,
-        calls,
+        routed_rate: routed.rate,
+        calls: routed.calls,
         cpu_ms,
+        sold: routed.sold,
+        median_to_sale_ms: routed.median_to_sale_ms,
     }
 }
 
@@ -216,7 +263,7 @@ async fn submit(url: &str, total: u64, clients: usize) -> LoadResult {
     summarize(latencies.take(), started.elapsed())
 }
 
-async fn wait_until_final(url: &str, started: Instant) -> (f64, u64) {
+async fn wait_until_final(url: &str, started: Instant) -> Routed {
     let store = Store::connect(&DatabaseSettings {
         url: Secret::new(url),
         ..DatabaseSettings::default()
@@ -246,7 +293,30 @@ async fn wait_until_final(url: &str, started: Instant) -> (f64, u64) {
         .count(db)
         .await
         .unwrap();
-    (total as f64 / elapsed.as_secs_f64(), calls)
+    let arrived: HashMap<String, DateTime<Utc>> = lead::Entity::find()
+        .all(db)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|lead| (lead.id, lead.received_at))
+        .collect();
+    let mut to_sale: Vec<f64> = sale::Entity::find()
+        .all(db)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|sale| {
+            let arrived = arrived.get(&sale.lead_id)?;
+            Some((sale.sold_at - *arrived).num_microseconds()? as f64 / 1000.0)
+        })
+        .collect();
+    to_sale.sort_by(f64::total_cmp);
+    Routed {
+        rate: total as f64 / elapsed.as_secs_f64(),
+        calls,
+        sold: to_sale.len() as u64,
+        median_to_sale_ms: to_sale.get(to_sale.len() / 2).copied().unwrap_or(f64::NAN),
+    }
 }
 
 /// User + system CPU time of a process, from /proc (clock ticks of 10 ms).
