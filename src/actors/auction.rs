@@ -135,8 +135,7 @@ fn pinged_before(history: &[attempt::Model], buyer_id: &str) -> Option<Option<Pi
     pings.peek()?;
     Some(
         pings
-            .filter(|ping| outcome_of(ping) == accepted)
-            .next_back()
+            .rfind(|ping| outcome_of(ping) == accepted)
             .map(|ping| PingResult {
                 ping_id: ping.ping_id.clone(),
                 bid: ping.bid,

@@ -90,14 +90,7 @@ async fn claim_keys(
         let rows = chunk
             .iter()
             .map(|((name, value), row)| key_row(name, value, row));
-        inserted += person_key::Entity::insert_many(rows)
-            .on_conflict(
-                OnConflict::columns([person_key::Column::Name, person_key::Column::Value])
-                    .do_nothing()
-                    .to_owned(),
-            )
-            .exec_without_returning(txn)
-            .await?;
+        inserted += insert_unowned(txn, rows).await?;
     }
     if inserted as usize == wanted.len() {
         return Ok(resolve(originals));
@@ -159,15 +152,7 @@ async fn claim_one(
             }
             // Given back meanwhile by a lead that proved a duplicate.
             None => {
-                let claimed = person_key::Entity::insert(key_row(name, value, row))
-                    .on_conflict(
-                        OnConflict::columns([person_key::Column::Name, person_key::Column::Value])
-                            .do_nothing()
-                            .to_owned(),
-                    )
-                    .exec_without_returning(txn)
-                    .await?;
-                if claimed == 1 {
+                if insert_unowned(txn, [key_row(name, value, row)]).await? == 1 {
                     return Ok(Claim::Ours);
                 }
             }
@@ -180,6 +165,21 @@ async fn claim_one(
         "the {name} value of lead {} stayed contended",
         row.id
     )))
+}
+
+/// Inserts key rows whose values nobody owns; answers how many it took.
+async fn insert_unowned(
+    txn: &impl ConnectionTrait,
+    rows: impl IntoIterator<Item = person_key::ActiveModel>,
+) -> Result<u64, DbErr> {
+    person_key::Entity::insert_many(rows)
+        .on_conflict(
+            OnConflict::columns([person_key::Column::Name, person_key::Column::Value])
+                .do_nothing()
+                .to_owned(),
+        )
+        .exec_without_returning(txn)
+        .await
 }
 
 /// The owners of these values now.

@@ -56,7 +56,7 @@ impl Store {
         by: ReportBy,
     ) -> Result<Vec<ReportRow>, DbErr> {
         let mut rows: BTreeMap<String, ReportRow> = BTreeMap::new();
-        fn row<'r>(rows: &'r mut BTreeMap<String, ReportRow>, id: String) -> &'r mut ReportRow {
+        fn row(rows: &mut BTreeMap<String, ReportRow>, id: String) -> &mut ReportRow {
             rows.entry(id.clone()).or_insert_with(|| ReportRow {
                 id,
                 ..ReportRow::default()

@@ -588,19 +588,12 @@ impl Store {
         end: AttemptEnd,
         sale: SaleOf<'_>,
     ) -> Result<Written, DbErr> {
-        let row = new_sale(
-            sale.lead_id,
-            sale.buyer_id,
-            Some(attempt_id.to_string()),
-            sale.price,
-            sale.payout,
-        );
         self.attempts
             .write(AttemptWrite::Sell {
                 id: attempt_id.to_string(),
                 end,
                 lead_id: sale.lead_id.to_string(),
-                sale: Box::new(row),
+                sale: Box::new(sale.row(attempt_id)),
             })
             .await
     }
@@ -614,14 +607,7 @@ impl Store {
         sale: SaleOf<'_>,
     ) -> Result<bool, DbErr> {
         let txn = self.db.begin().await?;
-        let row = new_sale(
-            sale.lead_id,
-            sale.buyer_id,
-            Some(attempt_id.to_string()),
-            sale.price,
-            sale.payout,
-        );
-        let sold = insert_sale(&txn, row).await?;
+        let sold = insert_sale(&txn, sale.row(attempt_id)).await?;
         mark_sold(&txn, sale.lead_id).await?;
         txn.commit().await?;
         Ok(sold)
@@ -730,6 +716,19 @@ pub struct SaleOf<'a> {
     pub price: Option<f64>,
     /// What the lead's source is paid for it.
     pub payout: Option<f64>,
+}
+
+impl SaleOf<'_> {
+    /// The sale row, made by the post `attempt_id`.
+    fn row(&self, attempt_id: &str) -> entity::sale::ActiveModel {
+        new_sale(
+            self.lead_id,
+            self.buyer_id,
+            Some(attempt_id.to_string()),
+            self.price,
+            self.payout,
+        )
+    }
 }
 
 fn fence_of(new: &NewAttempt) -> (Fence, Vec<CapSlot>) {

@@ -5,7 +5,9 @@
 use serde_json::{json, Value};
 
 use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
-use crate::helpers::{spawn_app_with, wait_until, write_config, Backend, TestApp, ADMIN_TOKEN};
+use crate::helpers::{
+    database_url_of, spawn_app_with, wait_until, write_config, Backend, TestApp, ADMIN_TOKEN,
+};
 use crate::on_both_databases;
 
 on_both_databases!(
@@ -258,13 +260,6 @@ async fn a_retry_after_a_reload_goes_to_the_url_of_the_snapshot(backend: Backend
     let next = app.submit(json!({"email": "bob@example.com"})).await;
     app.wait_for_state(&next, "sold").await;
     assert_eq!(new.calls("post").len(), 1);
-}
-
-/// The database URL the app's configuration file names.
-fn database_url_of(app: &TestApp) -> String {
-    let text = std::fs::read_to_string(app.config_path.as_ref().unwrap()).unwrap();
-    let settings: toml::Table = toml::from_str(&text).unwrap();
-    settings["database"]["url"].as_str().unwrap().to_string()
 }
 
 async fn an_invalid_reload_keeps_the_running_configuration(backend: Backend) {

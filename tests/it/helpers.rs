@@ -214,6 +214,13 @@ pub fn test_settings(extra: &str) -> Settings {
     config::parse(&format!("{BASE_CONFIG}\n{extra}"), env).expect("test config is valid")
 }
 
+/// The database URL the app's configuration file names.
+pub fn database_url_of(app: &TestApp) -> String {
+    let text = std::fs::read_to_string(app.config_path.as_ref().unwrap()).unwrap();
+    let settings: toml::Table = toml::from_str(&text).unwrap();
+    settings["database"]["url"].as_str().unwrap().to_string()
+}
+
 /// An HTTP answer read whole: status, headers and body.
 pub struct Answer {
     pub status: u16,

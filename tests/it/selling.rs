@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
 use crate::helpers::{
-    spawn_app_with, spawn_instance_of, wait_until, write_config, Backend, TestApp,
+    database_url_of, spawn_app_with, spawn_instance_of, wait_until, write_config, Backend, TestApp,
 };
 use crate::on_both_databases;
 
@@ -801,17 +801,6 @@ async fn a_cap_added_by_a_reload_counts_the_sales_already_made(backend: Backend)
     let view = app.wait_for_state(&late, "unsold").await;
     assert_eq!(view["attempts"][0]["outcome"], "capped", "{view}");
     assert_eq!(buyer.calls("post").len(), 2);
-}
-
-/// The database URL the app's configuration file names.
-fn database_url_of(app: &TestApp) -> String {
-    let text = std::fs::read_to_string(app.config_path.as_ref().unwrap()).unwrap();
-    text.lines()
-        .rev()
-        .find_map(|line| line.strip_prefix("url = \""))
-        .and_then(|rest| rest.strip_suffix('"'))
-        .unwrap()
-        .to_string()
 }
 
 async fn a_return_gives_its_cap_slot_back(backend: Backend) {
