@@ -6,7 +6,8 @@ use serde_json::{json, Value};
 
 use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
 use crate::helpers::{
-    database_url_of, spawn_app_with, wait_until, write_config, Backend, TestApp, ADMIN_TOKEN,
+    database_url_of, post_of, spawn_app_with, wait_until, write_config, Backend, TestApp,
+    ADMIN_TOKEN,
 };
 use crate::on_both_databases;
 
@@ -205,15 +206,7 @@ async fn a_retry_after_a_reload_goes_to_the_url_of_the_snapshot(backend: Backend
     let app = spawn_app_with(backend, &BuyerConfig::new("acme", 1).toml(&old.base)).await;
     let id = app.submit(json!({"email": "ann@example.com"})).await;
     let unsold = app.wait_for_state(&id, "unsold").await;
-    let post_id = unsold["attempts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|attempt| attempt["kind"] == "post")
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let post_id = post_of(&unsold);
 
     let config = app.config_path.as_ref().unwrap();
     let database_url = database_url_of(&app);

@@ -221,6 +221,19 @@ pub fn database_url_of(app: &TestApp) -> String {
     settings["database"]["url"].as_str().unwrap().to_string()
 }
 
+/// The id of the lead's post attempt.
+pub fn post_of(view: &Value) -> String {
+    view["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|attempt| attempt["kind"] == "post")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 /// An HTTP answer read whole: status, headers and body.
 pub struct Answer {
     pub status: u16,

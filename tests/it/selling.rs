@@ -13,7 +13,8 @@ use serde_json::{json, Value};
 
 use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
 use crate::helpers::{
-    database_url_of, spawn_app_with, spawn_instance_of, wait_until, write_config, Backend, TestApp,
+    database_url_of, post_of, spawn_app_with, spawn_instance_of, wait_until, write_config, Backend,
+    TestApp,
 };
 use crate::on_both_databases;
 
@@ -269,19 +270,6 @@ async fn a_post_whose_answer_cannot_be_written_stops_the_walk(backend: Backend) 
         .clone();
     assert_eq!(post["outcome"], "timeout");
     assert_eq!(post["reason"], "interrupted");
-}
-
-/// The id of the lead's post attempt.
-fn post_of(view: &Value) -> String {
-    view["attempts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|attempt| attempt["kind"] == "post")
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string()
 }
 
 async fn a_client_that_drops_its_retry_still_gets_the_sale_recorded(backend: Backend) {
