@@ -102,6 +102,17 @@ async fn a_ping_slower_than_the_auction_window_is_neither_waited_for_nor_posted(
     let view = app.wait_for_state(&id, "sold").await;
     assert_eq!(view["sold_to"], "fast");
     assert_eq!(posts_in_order(&view), [pair("fast", "accepted")]);
+    let slow_ping_answered = |view: &Value| {
+        view["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|attempt| attempt["buyer_id"] == "slow" && attempt["outcome"] != "in_flight")
+    };
+    assert!(
+        !slow_ping_answered(&view),
+        "sold before the slow ping answered: {view}"
+    );
 
     // The late answer is still recorded, and never posted.
     wait_until(
