@@ -1,13 +1,15 @@
 //! The ping auction (`routing.mode = "auction"`): every eligible buyer with
 //! a ping is pinged at once, for at most `routing.auction_window` (each ping
 //! also within its own timeout); buyers without a ping take part at their
-//! fixed `price`; bids under a buyer's `min_bid` or the `reserve_price` are
-//! never posted; then the posts go in descending bid order (ties keep
-//! priority order) until the first accept, each carrying that buyer's own
-//! `ping_id` and `bid`. A ping answering after the window still completes
-//! its row (its buyer actor writes it) but is neither waited for nor
-//! posted. A lead walked again after a crash reuses the pings its history
-//! holds and pings nobody twice.
+//! fixed `price` (as does a ping accepted without a bid); bids under a
+//! buyer's `min_bid` or the `reserve_price` are never posted; then the posts
+//! go in descending bid order (ties keep priority order) until the first
+//! accept, each carrying that buyer's own `ping_id` and `bid`. A ping
+//! answering after the window still completes its row (its buyer actor
+//! writes it) but is neither waited for nor posted. A lead walked again
+//! after a crash reuses the accepted pings its history holds (no buyer that
+//! answered is pinged twice); a ping that failed or was cut off is asked
+//! again, under the same Idempotency-Key.
 
 use std::collections::HashSet;
 
@@ -25,6 +27,8 @@ use crate::domain::{AttemptKind, AttemptOutcome, CallKind, CallOutcome, SkipReas
 /// What a buyer offers for the lead: its ping's bid, or its fixed price.
 struct Bid<'b> {
     buyer: &'b BuyerHandle,
+    /// Its place in priority order, for equal bids.
+    rank: usize,
     amount: f64,
     ping: PingResult,
 }
@@ -39,29 +43,19 @@ impl Walk<'_> {
         let buyers = self.routing.directory.all();
         let mut bids = Vec::new();
         let mut to_ping = Vec::new();
-        for buyer in buyers.iter().filter(|buyer| buyer.settings.enabled) {
-            if finished.contains(&buyer.settings.id) {
+        let enabled = buyers.iter().filter(|buyer| buyer.settings.enabled);
+        for (rank, buyer) in enabled.enumerate() {
+            if finished.contains(&buyer.settings.id) || !self.eligible(&buyer.settings).await? {
                 continue;
             }
-            if let Some(earlier) = pinged_before(history, &buyer.settings.id) {
-                bids.extend(earlier.map(|ping| Bid {
-                    buyer,
-                    amount: ping.bid.unwrap_or(0.0),
-                    ping,
-                }));
-                continue;
-            }
-            if !self.eligible(&buyer.settings).await? {
-                continue;
-            }
-            if buyer.settings.ping.is_some() {
-                to_ping.push(buyer);
+            // A ping this lead's history already has an answer to is not
+            // asked again; one that failed or was interrupted is.
+            if let Some(ping) = accepted_before(history, &buyer.settings.id) {
+                bids.push(Bid::of(buyer, rank, ping));
+            } else if buyer.settings.ping.is_some() {
+                to_ping.push((rank, buyer));
             } else {
-                bids.push(Bid {
-                    buyer,
-                    amount: buyer.settings.price.unwrap_or(0.0),
-                    ping: PingResult::default(),
-                });
+                bids.push(Bid::of(buyer, rank, PingResult::default()));
             }
         }
         self.still_going()?;
@@ -76,8 +70,7 @@ impl Walk<'_> {
                 posted.push(bid);
             }
         }
-        // Stable: equal bids keep priority order.
-        posted.sort_by(|a, b| b.amount.total_cmp(&a.amount));
+        posted.sort_by(|a, b| b.amount.total_cmp(&a.amount).then(a.rank.cmp(&b.rank)));
         for bid in posted {
             if let Some(end) = self.post(bid.buyer, bid.ping).await? {
                 return Ok(end);
@@ -89,56 +82,62 @@ impl Walk<'_> {
     /// The accepted pings that answer within the auction window.
     async fn ping_all<'b>(
         &mut self,
-        buyers: &[&'b BuyerHandle],
+        buyers: &[(usize, &'b BuyerHandle)],
     ) -> Result<Vec<Bid<'b>>, RouteError> {
         let mut pending: FuturesUnordered<_> = buyers
             .iter()
-            .map(|buyer| {
+            .map(|&(rank, buyer)| {
                 let call = buyer
                     .addr
                     .send(self.offer(CallKind::Ping, PingResult::default()));
-                async move { (*buyer, call.await) }
+                async move { (rank, buyer, call.await) }
             })
             .collect();
         let closes = Instant::now() + self.routing.auction_window;
         let mut bids = Vec::new();
-        // Past the window the rest are dropped: their buyer actors still
-        // finish and record the calls already made.
-        while let Ok(Some((buyer, offered))) = timeout_at(closes, pending.next()).await {
+        while let Ok(Some((rank, buyer, offered))) = timeout_at(closes, pending.next()).await {
             if let Offered::Called(report) = self.note(offered?)? {
                 if report.outcome == CallOutcome::Accepted {
-                    bids.push(Bid {
-                        buyer,
-                        amount: report.bid.unwrap_or(0.0),
-                        ping: PingResult {
-                            ping_id: report.ping_id,
-                            bid: report.bid,
-                        },
-                    });
+                    let ping = PingResult {
+                        ping_id: report.ping_id,
+                        bid: report.bid,
+                    };
+                    bids.push(Bid::of(buyer, rank, ping));
                 }
             }
+        }
+        // Past the window the rest are dropped unanswered (their buyer
+        // actors still finish and record the calls already made).
+        if !pending.is_empty() {
+            self.note_unanswered();
         }
         Ok(bids)
     }
 }
 
-/// A buyer this walk's history pinged already: `Some(Some(ping))` with its
-/// accepted answer, `Some(None)` when it did not accept (not asked again).
-fn pinged_before(history: &[attempt::Model], buyer_id: &str) -> Option<Option<PingResult>> {
+impl<'b> Bid<'b> {
+    /// A ping's bid; without one (or without a ping), the buyer's `price`.
+    fn of(buyer: &'b BuyerHandle, rank: usize, ping: PingResult) -> Self {
+        Self {
+            buyer,
+            rank,
+            amount: ping.bid.or(buyer.settings.price).unwrap_or(0.0),
+            ping,
+        }
+    }
+}
+
+/// This buyer's accepted ping in the lead's current history, if any.
+fn accepted_before(history: &[attempt::Model], buyer_id: &str) -> Option<PingResult> {
     let accepted = Some(AttemptOutcome::Call(CallOutcome::Accepted));
-    let mut pings = history
+    history
         .iter()
         .filter(|attempt| {
             attempt.buyer_id == buyer_id && kind_of(attempt) == Some(AttemptKind::PING)
         })
-        .peekable();
-    pings.peek()?;
-    Some(
-        pings
-            .rfind(|ping| outcome_of(ping) == accepted)
-            .map(|ping| PingResult {
-                ping_id: ping.ping_id.clone(),
-                bid: ping.bid,
-            }),
-    )
+        .rfind(|ping| outcome_of(ping) == accepted)
+        .map(|ping| PingResult {
+            ping_id: ping.ping_id.clone(),
+            bid: ping.bid,
+        })
 }

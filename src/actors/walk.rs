@@ -170,6 +170,11 @@ impl<'a> Walk<'a> {
         }
     }
 
+    /// Calls that never answered in time count as failed (for the alert).
+    pub(super) fn note_unanswered(&mut self) {
+        self.tally.failed = true;
+    }
+
     /// One call through the buyer's actor.
     async fn call(
         &mut self,

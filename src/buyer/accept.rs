@@ -100,13 +100,15 @@ fn same(found: &Value, want: &Value) -> bool {
 }
 
 /// A number at `path` in a JSON answer; numeric strings count (`"50.00"`).
+/// Only finite numbers: a bid or price of `"NaN"` or `"inf"` is no number.
 pub fn number_at(body: &str, path: Option<&str>) -> Option<f64> {
     let json: Value = serde_json::from_str(body).ok()?;
-    match json.pointer(path?)? {
+    let number = match json.pointer(path?)? {
         Value::Number(number) => number.as_f64(),
-        Value::String(text) => text.trim().parse().ok(),
+        Value::String(text) => text.trim().parse::<f64>().ok(),
         _ => None,
-    }
+    }?;
+    number.is_finite().then_some(number)
 }
 
 /// A string or number at `path` in a JSON answer, as text.
@@ -162,6 +164,13 @@ one_of = ["success", "queued"]"#,
             number_at(r#"{"Payout":"50.00"}"#, Some("/Payout")),
             Some(50.0)
         );
+        for not_a_price in [
+            r#"{"bid":"NaN"}"#,
+            r#"{"bid":"inf"}"#,
+            r#"{"bid":"-infinity"}"#,
+        ] {
+            assert_eq!(number_at(not_a_price, Some("/bid")), None, "{not_a_price}");
+        }
     }
 
     #[test]

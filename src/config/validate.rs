@@ -156,6 +156,9 @@ pub fn check(settings: &Settings) -> Vec<Problem> {
             "must be at least 1s (it is renewed every third of it)".into(),
         );
     }
+    if let Some(reserve) = settings.routing.reserve_price {
+        check_money("routing.reserve_price", reserve, &mut problem);
+    }
     if settings.routing.failure_limit == 0 {
         problem("routing.failure_limit".into(), "must be at least 1".into());
     }
@@ -180,6 +183,11 @@ fn check_buyer(
     }
     if let Some(rule) = &buyer.post.accept {
         check_accept_rule(&at("post.accept"), rule, problem);
+    }
+    for (key, money) in [("price", buyer.price), ("min_bid", buyer.min_bid)] {
+        if let Some(money) = money {
+            check_money(&at(key), money, problem);
+        }
     }
     if buyer.max_concurrency == 0 {
         problem(at("max_concurrency"), "must be at least 1".into());
@@ -211,7 +219,7 @@ fn check_buyer(
                 format!("unknown day {day:?}; use mon..sun"),
             );
         }
-        if parse_hours(&schedule.hours).is_none() {
+        if parse_hours(&schedule.hours).is_none_or(|(opens, _)| opens >= 24 * 60) {
             problem(at("schedule.hours"), "expected \"HH:MM-HH:MM\"".into());
         }
         if schedule.timezone.parse::<chrono_tz::Tz>().is_err() {
@@ -232,6 +240,13 @@ pub fn parse_hours(text: &str) -> Option<(u32, u32)> {
     };
     let (start, end) = text.split_once('-')?;
     Some((minutes(start)?, minutes(end)?))
+}
+
+/// Money is a finite number ≥ 0.
+fn check_money(path: &str, money: f64, problem: &mut impl FnMut(String, String)) {
+    if !(money.is_finite() && money >= 0.0) {
+        problem(path.to_string(), "must be a number ≥ 0".into());
+    }
 }
 
 fn check_url(path: &str, url: &str, problem: &mut impl FnMut(String, String)) {

@@ -19,7 +19,15 @@ pub struct ReportQuery {
     /// End of the period (exclusive), RFC 3339; default: now.
     to: Option<DateTime<Utc>>,
     /// `source` (default) or `buyer`.
-    by: Option<String>,
+    by: Option<Grouping>,
+}
+
+/// What the report is grouped by.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Grouping {
+    Source,
+    Buyer,
 }
 
 /// The report.
@@ -27,8 +35,7 @@ pub struct ReportQuery {
 pub struct Report {
     from: DateTime<Utc>,
     to: DateTime<Utc>,
-    /// `source` or `buyer`.
-    by: String,
+    by: Grouping,
     /// One row per source or buyer, by id.
     rows: Vec<ReportRow>,
 }
@@ -47,14 +54,10 @@ pub async fn report(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let query = query.into_inner();
-    let by = match query.by.as_deref() {
-        None | Some("source") => ReportBy::Source,
-        Some("buyer") => ReportBy::Buyer,
-        Some(other) => {
-            return Err(ApiError::BadRequest(format!(
-                "by must be source or buyer, not {other:?}"
-            )))
-        }
+    let grouping = query.by.unwrap_or(Grouping::Source);
+    let by = match grouping {
+        Grouping::Source => ReportBy::Source,
+        Grouping::Buyer => ReportBy::Buyer,
     };
     let to = query.to.unwrap_or_else(Utc::now);
     let from = query.from.unwrap_or_else(|| start_of_day(to));
@@ -65,11 +68,7 @@ pub async fn report(
     Ok(HttpResponse::Ok().json(Report {
         from,
         to,
-        by: match by {
-            ReportBy::Source => "source",
-            ReportBy::Buyer => "buyer",
-        }
-        .into(),
+        by: grouping,
         rows,
     }))
 }

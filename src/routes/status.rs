@@ -47,8 +47,9 @@ pub struct StatusView {
     spool: Backlog,
     /// `ok` or `unreachable`.
     database: String,
-    /// Sales made today (UTC) and not returned: revenue, payout, margin;
-    /// null while the database is unreachable.
+    /// Sales made today (UTC) and not returned: revenue, payout, margin.
+    /// Business figures: only with the admin token (null without it, and
+    /// while the database is unreachable).
     today: Option<Money>,
 }
 
@@ -84,7 +85,10 @@ pub async fn status(
         }
     };
     let set_aside = state.store.set_aside_count().await.unwrap_or(0);
-    let today = state.store.money_since(start_of_day(Utc::now())).await.ok();
+    let today = match Admin::check(&request) {
+        Ok(_) => state.store.money_since(start_of_day(Utc::now())).await.ok(),
+        Err(_) => None,
+    };
     let review = leads.as_ref().map(|leads| Backlog {
         pending: leads.invalid + leads.unknown + set_aside,
     });

@@ -199,5 +199,6 @@ fn count(row: &sea_orm::QueryResult, column: &str) -> Result<u64, DbErr> {
 }
 
 fn amount(row: &sea_orm::QueryResult, column: &str) -> Result<f64, DbErr> {
-    Ok(row.try_get::<Option<f64>>("", column)?.unwrap_or(0.0))
+    let sum = row.try_get::<Option<f64>>("", column)?.unwrap_or(0.0);
+    Ok(if sum.is_finite() { sum } else { 0.0 })
 }

@@ -850,6 +850,7 @@ async fn an_auction_walked_again_after_a_crash_reuses_its_pings(backend: Backend
     )
     .await;
     service.kill_9();
+    hanging.set_ping(Answer::Reject);
 
     let service = Service::start(&config).await;
     let view = service.app.wait_for_state(&lead_id, "sold").await;
@@ -857,7 +858,15 @@ async fn an_auction_walked_again_after_a_crash_reuses_its_pings(backend: Backend
         view["sold_to"], "low",
         "the accepted ping of the first walk"
     );
-    assert_eq!(low.calls("ping").len(), 1, "not pinged again");
-    assert_eq!(hanging.calls("ping").len(), 1, "not pinged again");
+    assert_eq!(
+        low.calls("ping").len(),
+        1,
+        "an answered ping is not asked again"
+    );
+    assert_eq!(
+        hanging.calls("ping").len(),
+        2,
+        "the ping the crash cut off is asked again"
+    );
     crate::helpers::close_stores().await;
 }
