@@ -125,14 +125,18 @@ pub async fn spawn_app_adjusted(
 }
 
 /// A second instance on the database of an app this test started.
-pub async fn spawn_instance_of(app: &TestApp, extra: &str) -> TestApp {
+pub async fn spawn_instance_of(
+    app: &TestApp,
+    extra: &str,
+    adjust: impl FnOnce(&mut Settings),
+) -> TestApp {
     let url = app
         ._database
         .as_ref()
         .expect("an app with its own database")
         .url
         .clone();
-    spawn_app_on(&url, extra, |_| {}).await
+    spawn_app_on(&url, extra, adjust).await
 }
 
 /// Starts an instance on `database_url` (which outlives it).

@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use entity::{alert, attempt, lead, sale};
 use futures_util::future::join_all;
+use leadrouter::config::Settings;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
 use serde_json::{json, Value};
 
 use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
 use crate::helpers::{
-    database_url_of, post_of, spawn_app_with, spawn_instance_of, wait_until, write_config, Backend,
-    TestApp,
+    database_url_of, post_of, spawn_app_adjusted, spawn_app_with, spawn_instance_of, wait_until,
+    write_config, Backend, TestApp,
 };
 use crate::on_both_databases;
 
@@ -143,8 +144,12 @@ async fn a_rejected_post_gives_its_cap_slot_back(backend: Backend) {
 #[actix_web::test]
 async fn two_instances_on_one_postgres_sell_exactly_the_cap() {
     let (capped, backup, toml) = capped_and_backup("daily_cap = 4");
-    let one = spawn_app_with(Backend::Postgres, &toml).await;
-    let two = spawn_instance_of(&one, &toml).await;
+    // No sweeps: each instance routes the leads it took in, so both sell
+    // against the one cap at the same time.
+    let no_sweep =
+        |settings: &mut Settings| settings.routing.sweep_interval = Duration::from_secs(600);
+    let one = spawn_app_adjusted(Backend::Postgres, &toml, no_sweep).await;
+    let two = spawn_instance_of(&one, &toml, no_sweep).await;
     join_all((0..16).map(|n| {
         let app = if n % 2 == 0 { &one } else { &two };
         app.submit(json!({"email": format!("both{n}@example.com")}))
@@ -371,7 +376,7 @@ async fn one_person_submitted_at_once_under_many_keys_is_one_routable_lead(backe
 #[actix_web::test]
 async fn one_person_at_two_instances_at_once_is_one_routable_lead() {
     let one = spawn_app_with(Backend::Postgres, "").await;
-    let two = spawn_instance_of(&one, "").await;
+    let two = spawn_instance_of(&one, "", |_| {}).await;
     for round in 0..5 {
         join_all((0..10).map(|n| {
             let app = if n % 2 == 0 { &one } else { &two };
@@ -737,9 +742,13 @@ async fn a_lead_still_walking_when_its_buyer_recovers_is_offered_again_when_it_s
         ..BuyerConfig::new("down", 1)
     }
     .toml(&down.base)
-        + &BuyerConfig::new("slow", 2).toml(&slow.base);
+        + &BuyerConfig {
+            ping_timeout: Some("10s"),
+            ..BuyerConfig::new("slow", 2)
+        }
+        .toml(&slow.base);
     let app = spawn_app_with(backend, &toml).await;
-    slow.set_ping(post_delayed(1500));
+    slow.set_ping(post_delayed(4000));
     let walking = app.submit(json!({"email": "walking@example.com"})).await;
     wait_until("the down buyer to fail the lead", SETTLE, || async {
         !down.calls("post").is_empty()
