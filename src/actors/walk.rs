@@ -20,7 +20,7 @@ use crate::alerts::AlertKind;
 use crate::buyer::recorded_call::Offered;
 use crate::buyer::request::{LeadOffer, PingResult};
 use crate::buyer::schedule::takes_leads;
-use crate::config::BuyerSettings;
+use crate::config::{BuyerSettings, PayoutRule};
 use crate::domain::{
     AttemptKind, CallKind, CallOutcome, ClaimToken, LeadId, LeadState, SkipReason,
 };
@@ -32,6 +32,8 @@ pub(super) struct Walk<'a> {
     pub(super) row: &'a lead::Model,
     token: &'a ClaimToken,
     offer: Arc<LeadOffer>,
+    /// What the lead's source is paid if it sells (read once per walk).
+    payout: PayoutRule,
     tally: Tally,
 }
 
@@ -46,6 +48,7 @@ impl<'a> Walk<'a> {
             row,
             token,
             offer: Arc::new(LeadOffer::of(row)),
+            payout: routing.settings.current().payout_rule(&row.source_id),
             tally: Tally::default(),
         }
     }
@@ -152,11 +155,7 @@ impl<'a> Walk<'a> {
             ping,
             instance_id: self.routing.instance_id.clone(),
             claim_token: self.token.clone(),
-            payout: self
-                .routing
-                .settings
-                .current()
-                .payout_rule(&self.row.source_id),
+            payout: self.payout,
             retry: None,
         }
     }
