@@ -34,6 +34,8 @@ pub enum AlertKind {
     AllBuyersFailed,
     /// A lead was set aside for review after repeated routing failures.
     RoutingFailed,
+    /// A notify delivery or event was given up after a day of tries.
+    DeliveryFailed,
 }
 
 impl AlertKind {
@@ -46,6 +48,7 @@ impl AlertKind {
             Self::IntakeFailed => "intake_failed",
             Self::AllBuyersFailed => "all_buyers_failed",
             Self::RoutingFailed => "routing_failed",
+            Self::DeliveryFailed => "delivery_failed",
         }
     }
 }

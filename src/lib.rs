@@ -32,6 +32,7 @@ pub mod demo;
 pub mod domain;
 pub mod metrics;
 pub mod mock_buyer;
+pub mod notify;
 pub mod rate_limit;
 pub mod reload;
 pub mod renormalize;

@@ -42,6 +42,9 @@ pub struct Model {
     pub route_after: Option<DateTimeUtc>,
     /// Set aside for an operator after too many routing failures.
     pub set_aside_reason: Option<String>,
+    /// When the acceptance contract became `accepted` (stored with no
+    /// required notify channel, or a required channel confirmed).
+    pub accepted_at: Option<DateTimeUtc>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -4,6 +4,7 @@
 pub mod alert;
 pub mod attempt;
 pub mod cap_use;
+pub mod delivery;
 pub mod intake_log;
 pub mod lead;
 pub mod person_key;

@@ -8,6 +8,7 @@ mod m20261129_000002_create_alerts;
 mod m20261129_000003_operations;
 mod m20261201_000004_selling_invariants;
 mod m20261201_000005_money;
+mod m20261201_000006_deliveries;
 
 /// Every migration, oldest first.
 pub struct Migrator;
@@ -21,6 +22,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261129_000003_operations::Migration),
             Box::new(m20261201_000004_selling_invariants::Migration),
             Box::new(m20261201_000005_money::Migration),
+            Box::new(m20261201_000006_deliveries::Migration),
         ]
     }
 }

@@ -36,8 +36,8 @@ const MAILBOX_CAPACITY: usize = 4096;
 #[derive(Debug, Clone)]
 pub struct IntakeRules {
     pub duplicates: DuplicateRule,
-    /// A required notify channel exists, so stored leads stay `pending`.
-    pub awaiting_required_notify: bool,
+    /// A required notify channel exists: leads are `pending` until it confirms.
+    pub has_required_channel: bool,
     /// A batch not committed by then goes to the spool.
     pub write_deadline: Duration,
 }
@@ -307,7 +307,7 @@ fn contract_of(outcome: &PersistOutcome, rules: &IntakeRules) -> Contract {
         PersistOutcome::Inserted(row) => (row, false),
         PersistOutcome::Existing(row) => (row, true),
     };
-    let mut contract = contract_of_row(row, rules.awaiting_required_notify);
+    let mut contract = contract_of_row(row, rules.has_required_channel);
     contract.replayed = replayed;
     contract
 }

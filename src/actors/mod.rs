@@ -17,11 +17,14 @@
 //!     │   └── Waterfall × each lead being routed (temporary: never
 //!     │       restarted; a dead walk's lead is let go and swept up again)
 //!     ├── Intake (supervised): intake log + group commit of leads, else the spool
-//!     └── SpoolDrainer (supervised): spooled leads into the database when it is back
+//!     ├── SpoolDrainer (supervised): spooled leads into the database when it is back
+//!     └── Courier × each notify channel and event sink (supervised): plans,
+//!         claims and sends deliveries, independent of routing
 //! ```
 
 mod auction;
 pub mod buyer;
+pub mod courier;
 pub mod directory;
 mod drainer;
 mod intake;

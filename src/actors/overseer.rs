@@ -12,6 +12,7 @@ use std::sync::Arc;
 use actix::{Addr, AsyncContext, Supervisor};
 
 use super::buyer::{start_buyer, BuyerEnvironment, InjectedPanics};
+use super::courier::{CourierEnvironment, Couriers};
 use super::directory::{BuyerDirectory, BuyerHandle};
 use super::drainer::SpoolDrainer;
 use super::intake::IntakeTargets;
@@ -39,6 +40,8 @@ pub struct Tree {
     pub draining: Arc<AtomicBool>,
     /// This process in leases and attempt rows.
     pub instance_id: Arc<str>,
+    /// Notify channels (and the event sinks' health on their board).
+    pub couriers: Couriers,
 }
 
 /// What the actors share besides the settings.
@@ -143,9 +146,21 @@ impl Overseer {
         };
         let rules = IntakeRules {
             duplicates: settings.duplicate_rule(),
-            awaiting_required_notify: settings.notify.iter().any(|channel| channel.required),
+            has_required_channel: settings.has_required_channel(),
             write_deadline: settings.database.acquire_timeout * 2,
         };
+        let couriers = Couriers::start(
+            shared,
+            CourierEnvironment {
+                store: store.clone(),
+                settings: shared.clone(),
+                instance_id: instance_id.clone(),
+                alerts: alerts.clone(),
+                restarts: restarts.clone(),
+                confirmations: Default::default(),
+                board: Default::default(),
+            },
+        );
         let targets = IntakeTargets {
             store,
             spool: spool.clone(),
@@ -165,6 +180,7 @@ impl Overseer {
             spool,
             draining,
             instance_id,
+            couriers,
         }
     }
 }

@@ -125,11 +125,21 @@ pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Setting
         return Err(problems);
     };
     attach_buyer_snapshots(&mut settings, &written);
+    name_event_sinks(&mut settings);
     problems.extend(validate::check(&settings));
     if problems.is_empty() {
         Ok(settings)
     } else {
         Err(problems)
+    }
+}
+
+/// An `[[events]]` table without an `id` is named by its position.
+fn name_event_sinks(settings: &mut Settings) {
+    for (index, sink) in settings.events.iter_mut().enumerate() {
+        if sink.id.trim().is_empty() {
+            sink.id = format!("events-{}", index + 1);
+        }
     }
 }
 

@@ -203,6 +203,11 @@ pub struct IntakeSettings {
 }
 
 impl Settings {
+    /// True when some notify channel must confirm before a lead is `accepted`.
+    pub fn has_required_channel(&self) -> bool {
+        self.notify.iter().any(|channel| channel.required)
+    }
+
     /// How same-person duplicates are found (`intake.duplicate_*`).
     pub fn duplicate_rule(&self) -> crate::store::DuplicateRule {
         crate::store::DuplicateRule {
@@ -476,27 +481,87 @@ pub enum NotifyRole {
     Crm,
 }
 
+impl NotifyRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Manager => "manager",
+            Self::Crm => "crm",
+        }
+    }
+}
+
+/// How a notify channel delivers (`[[notify]] kind`).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum NotifyKind {
+    /// A JSON POST (or `body_template`) to `url`; any 2xx confirms.
+    #[default]
+    Webhook,
+    /// A Slack incoming webhook at `url`: a readable text message.
+    Slack,
+    /// The Telegram Bot API at `url` (`https://api.telegram.org`):
+    /// `sendMessage` to `chat_id` with `bot_token`.
+    Telegram,
+    /// E-mail over SMTP: `url` is `smtp://[user:pass@]host[:port]`
+    /// (STARTTLS with `?tls=required`) or `smtps://…`; `from`, `to`.
+    Email,
+}
+
+impl NotifyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Webhook => "webhook",
+            Self::Slack => "slack",
+            Self::Telegram => "telegram",
+            Self::Email => "email",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NotifySettings {
     pub id: String,
     pub role: NotifyRole,
-    pub url: String,
+    #[serde(default)]
+    pub kind: NotifyKind,
+    pub url: Secret,
     #[serde(default = "default_notify_timeout", with = "humantime_serde")]
     pub timeout: Duration,
     #[serde(default)]
     pub required: bool,
     pub body_template: Option<String>,
     pub content_type: Option<String>,
+    /// Extra headers of a webhook channel (values may be `${VAR}`).
+    #[serde(default)]
+    pub headers: BTreeMap<String, Secret>,
+    /// Telegram: the bot's token and the chat to write to.
+    pub bot_token: Option<Secret>,
+    pub chat_id: Option<String>,
+    /// E-mail: sender and recipients.
+    pub from: Option<String>,
+    #[serde(default)]
+    pub to: Vec<String>,
+    /// Deliveries in flight at once, per instance.
+    #[serde(default = "default_max_concurrency")]
+    pub max_concurrency: u32,
+    /// Wait before the second try; doubles on each failure, at most an hour.
+    #[serde(default = "default_retry_backoff", with = "humantime_serde")]
+    pub retry_backoff: Duration,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EventSettings {
-    pub url: String,
+    /// Names the sink in attempt rows; default `events-N` (its position).
+    #[serde(default)]
+    pub id: String,
+    pub url: Secret,
     pub on: Vec<String>,
     #[serde(default = "default_notify_timeout", with = "humantime_serde")]
     pub timeout: Duration,
+    #[serde(default = "default_retry_backoff", with = "humantime_serde")]
+    pub retry_backoff: Duration,
 }
 
 fn yes() -> bool {
@@ -516,6 +581,9 @@ fn default_post_timeout() -> Duration {
 }
 fn default_notify_timeout() -> Duration {
     Duration::from_secs(5)
+}
+fn default_retry_backoff() -> Duration {
+    Duration::from_secs(30)
 }
 
 /// What `check-config` prints for a valid file; secrets are never shown.

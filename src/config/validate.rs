@@ -4,16 +4,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use super::{AcceptRule, BuyerSettings, Problem, Settings, SourceKind};
+use super::{
+    AcceptRule, BuyerSettings, NotifyKind, NotifySettings, Problem, Secret, Settings, SourceKind,
+};
 
-/// Events a postback may subscribe to (`[[events]] on`).
-const KNOWN_EVENTS: [&str; 5] = [
-    "lead.accepted",
-    "lead.sold",
-    "lead.unsold",
-    "lead.unknown",
-    "lead.invalid",
-];
 /// Schedule days, Monday first.
 pub const WEEKDAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
 
@@ -115,21 +109,33 @@ pub fn check(settings: &Settings) -> Vec<Problem> {
     let mut notify_ids = HashSet::new();
     for (index, channel) in settings.notify.iter().enumerate() {
         let at = |key: &str| format!("notify[{index}].{key}");
-        if !notify_ids.insert(channel.id.as_str()) {
+        if channel.id.trim().is_empty() {
+            problem(at("id"), "must not be empty".into());
+        } else if !notify_ids.insert(channel.id.as_str()) {
             problem(at("id"), format!("duplicate notify id {:?}", channel.id));
         }
-        check_url(&at("url"), &channel.url, &mut problem);
+        check_notify_channel(channel, &at, &mut problem);
     }
+    let mut sink_ids = HashSet::new();
     for (index, events) in settings.events.iter().enumerate() {
-        check_url(&format!("events[{index}].url"), &events.url, &mut problem);
+        if !sink_ids.insert(events.id.as_str()) {
+            problem(
+                format!("events[{index}].id"),
+                format!("duplicate events id {:?}", events.id),
+            );
+        }
+        check_secret_url(&format!("events[{index}].url"), &events.url, &mut problem);
         for name in events
             .on
             .iter()
-            .filter(|name| !KNOWN_EVENTS.contains(&name.as_str()))
+            .filter(|name| !crate::notify::EVENTS.contains(&name.as_str()))
         {
             problem(
                 format!("events[{index}].on"),
-                format!("unknown event {name:?}; known: {}", KNOWN_EVENTS.join(", ")),
+                format!(
+                    "unknown event {name:?}; known: {}",
+                    crate::notify::EVENTS.join(", ")
+                ),
             );
         }
     }
@@ -246,6 +252,64 @@ pub fn parse_hours(text: &str) -> Option<(u32, u32)> {
 fn check_money(path: &str, money: f64, problem: &mut impl FnMut(String, String)) {
     if !(money.is_finite() && money >= 0.0) {
         problem(path.to_string(), "must be a number ≥ 0".into());
+    }
+}
+
+/// A notify channel has what its `kind` needs.
+fn check_notify_channel(
+    channel: &NotifySettings,
+    at: &impl Fn(&str) -> String,
+    problem: &mut impl FnMut(String, String),
+) {
+    if channel.max_concurrency == 0 {
+        problem(at("max_concurrency"), "must be at least 1".into());
+    }
+    let mut require = |key: &str, present: bool| {
+        if !present {
+            problem(
+                at(key),
+                format!("required for kind = {:?}", channel.kind.as_str()),
+            );
+        }
+    };
+    match channel.kind {
+        NotifyKind::Webhook | NotifyKind::Slack => {}
+        NotifyKind::Telegram => {
+            require("bot_token", channel.bot_token.is_some());
+            require("chat_id", channel.chat_id.is_some());
+        }
+        NotifyKind::Email => {
+            require("from", channel.from.is_some());
+            require("to", !channel.to.is_empty());
+        }
+    }
+    if channel.kind == NotifyKind::Email {
+        let url = channel.url.expose();
+        if !(url.starts_with("smtp://") || url.starts_with("smtps://")) {
+            problem(at("url"), "not an smtp:// or smtps:// URL".into());
+        }
+        for (key, address) in channel
+            .from
+            .iter()
+            .map(|from| ("from", from))
+            .chain(channel.to.iter().map(|to| ("to", to)))
+        {
+            if address.parse::<lettre::Address>().is_err() {
+                problem(at(key), format!("not an e-mail address: {address:?}"));
+            }
+        }
+    } else {
+        check_secret_url(&at("url"), &channel.url, problem);
+    }
+}
+
+/// Like [`check_url`] for a URL that may hold a secret: the problem does
+/// not repeat it.
+fn check_secret_url(path: &str, url: &Secret, problem: &mut impl FnMut(String, String)) {
+    let url = url.expose();
+    let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
+    if !scheme_ok || url.parse::<awc::http::Uri>().is_err() {
+        problem(path.to_string(), "not an http(s) URL".into());
     }
 }
 

@@ -27,6 +27,10 @@ pub enum AttemptKind {
     Call(CallKind),
     /// A buyer passed over without a call.
     Skip,
+    /// A delivery to a notify channel.
+    Notify,
+    /// An event postback.
+    Event,
 }
 
 impl AttemptKind {
@@ -37,13 +41,21 @@ impl AttemptKind {
         match self {
             Self::Call(kind) => kind.as_str(),
             Self::Skip => "skip",
+            Self::Notify => "notify",
+            Self::Event => "event",
         }
     }
 
     pub fn parse(text: &str) -> Option<Self> {
-        [Self::PING, Self::POST, Self::Skip]
-            .into_iter()
-            .find(|kind| kind.as_str() == text)
+        [
+            Self::PING,
+            Self::POST,
+            Self::Skip,
+            Self::Notify,
+            Self::Event,
+        ]
+        .into_iter()
+        .find(|kind| kind.as_str() == text)
     }
 }
 
@@ -173,7 +185,13 @@ mod tests {
         {
             assert_eq!(AttemptOutcome::parse(outcome.as_str()), Some(outcome));
         }
-        for kind in [AttemptKind::PING, AttemptKind::POST, AttemptKind::Skip] {
+        for kind in [
+            AttemptKind::PING,
+            AttemptKind::POST,
+            AttemptKind::Skip,
+            AttemptKind::Notify,
+            AttemptKind::Event,
+        ] {
             assert_eq!(AttemptKind::parse(kind.as_str()), Some(kind));
         }
         assert_eq!(AttemptOutcome::parse("skipped"), None);

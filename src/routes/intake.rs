@@ -22,7 +22,7 @@ use crate::domain::{
     new_id, normalize_parsed, parse_body, Acceptance, BodyError, BodyFormat, Contract, LeadState,
     RequestMeta,
 };
-use crate::store::NewLead;
+use crate::store::{contract_of_row, NewLead};
 
 /// Most leads in one batch request (SPEC section 5).
 const MAX_BATCH_LEADS: usize = 1000;
@@ -356,7 +356,7 @@ async fn contract_for(state: &AppState, lead: NewLead) -> Contract {
                 replayed = contract.replayed,
                 "lead stored"
             );
-            contract
+            deliver(state, contract).await
         }
         Ok(Err(error)) => {
             tracing::error!(%lead_id, %source, %error, "intake could not store a lead");
@@ -366,6 +366,39 @@ async fn contract_for(state: &AppState, lead: NewLead) -> Contract {
             tracing::error!(%lead_id, %source, %error, "intake actor unavailable");
             Contract::failed(lead_id)
         }
+    }
+}
+
+/// Hands a stored lead to the notify channels (a replay: its unconfirmed
+/// deliveries are tried again at once) and, with a required channel and
+/// `intake.accept_wait`, waits that long for a confirmation before
+/// answering the contract as it then stands.
+async fn deliver(state: &AppState, contract: Contract) -> Contract {
+    let couriers = &state.tree.couriers;
+    let lead_id = contract.submission_id.clone();
+    if couriers.channels.is_empty() || contract.lead_state == Some(LeadState::Invalid) {
+        return contract;
+    }
+    if contract.replayed {
+        if let Err(error) = state.store.deliver_again_now(&lead_id).await {
+            tracing::warn!(%lead_id, %error, "replay: deliveries not made due again");
+        }
+    }
+    let wait = state.settings().intake.accept_wait;
+    if contract.acceptance != Acceptance::Pending || wait.is_zero() {
+        couriers.deliver(std::slice::from_ref(&lead_id));
+        return contract;
+    }
+    let confirmed = couriers.confirmations.watch(&lead_id);
+    couriers.deliver(std::slice::from_ref(&lead_id));
+    let _ = actix_web::rt::time::timeout(wait, confirmed.notified()).await;
+    couriers.confirmations.forget(&lead_id, confirmed);
+    match state.store.find_lead(&lead_id).await {
+        Ok(Some(row)) => Contract {
+            replayed: contract.replayed,
+            ..contract_of_row(&row, state.has_required_channel())
+        },
+        _ => contract,
     }
 }
 

@@ -5,7 +5,7 @@
 use actix_web::{web, HttpResponse};
 use base64::Engine;
 use chrono::{DateTime, Utc};
-use entity::{attempt, lead, sale};
+use entity::{attempt, delivery, lead, sale};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
@@ -13,7 +13,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::error::ErrorBody;
 use super::{Admin, ApiError, AppState};
 use crate::domain::{AttemptKind, AttemptOutcome, CallOutcome, Contract, FieldError, LeadState};
-use crate::store::{contract_of_row, LeadFilter, LeadPage};
+use crate::store::{contract_of_row, DeliveryState, LeadFilter, LeadPage};
 
 const DEFAULT_PAGE: u64 = 50;
 const MAX_PAGE: u64 = 500;
@@ -35,7 +35,7 @@ pub async fn status(
         return Ok(HttpResponse::Ok().json(contract));
     }
     let row = find(&state, &path).await?;
-    Ok(HttpResponse::Ok().json(contract_of_row(&row, state.awaiting_required_notify())))
+    Ok(HttpResponse::Ok().json(contract_of_row(&row, state.has_required_channel())))
 }
 
 /// `GET /v1/leads/{id}`: everything about the lead, attempts in order.
@@ -65,7 +65,8 @@ pub async fn full_view(state: &AppState, row: lead::Model) -> Result<LeadView, A
         .remove(&row.id);
     let why = explain(&row, sale.as_ref(), &attempts);
     let returns = state.store.returns_of(&row.id).await?;
-    let mut view = LeadView::new(row, sale, state.awaiting_required_notify());
+    let deliveries = state.store.deliveries_of(&row.id).await?;
+    let mut view = LeadView::new(row, sale, state.has_required_channel());
     view.why = Some(why);
     view.returns = Some(
         returns
@@ -78,6 +79,7 @@ pub async fn full_view(state: &AppState, row: lead::Model) -> Result<LeadView, A
             .collect(),
     );
     view.attempts = Some(attempts.into_iter().map(AttemptView::from).collect());
+    view.deliveries = Some(deliveries.into_iter().map(DeliveryView::from).collect());
     Ok(view)
 }
 
@@ -273,7 +275,7 @@ fn page_size(requested: Option<u64>) -> u64 {
 async fn page_response(state: &AppState, page: LeadPage) -> Result<HttpResponse, ApiError> {
     let ids: Vec<String> = page.leads.iter().map(|lead| lead.id.clone()).collect();
     let mut sales = state.store.sales_of(&ids).await?;
-    let awaiting = state.awaiting_required_notify();
+    let awaiting = state.has_required_channel();
     let leads: Vec<LeadView> = page
         .leads
         .into_iter()
@@ -327,6 +329,42 @@ pub struct LeadView {
     /// Sales of this lead that their buyers returned (the single-lead view only).
     #[serde(skip_serializing_if = "Option::is_none")]
     returns: Option<Vec<ReturnView>>,
+    /// Where each notify channel and event stands for this lead (the
+    /// single-lead view only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deliveries: Option<Vec<DeliveryView>>,
+}
+
+/// One notify channel's (or event's) delivery of the lead.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeliveryView {
+    /// `notify` or `event`.
+    kind: String,
+    /// The channel's or event sink's id.
+    channel: String,
+    event: Option<String>,
+    /// `pending`, `confirmed` or `abandoned`.
+    state: String,
+    tries: i32,
+    next_try_at: Option<DateTime<Utc>>,
+    confirmed_at: Option<DateTime<Utc>>,
+    last_error: Option<String>,
+}
+
+impl From<delivery::Model> for DeliveryView {
+    fn from(row: delivery::Model) -> Self {
+        let pending = row.state == DeliveryState::Pending.as_str();
+        Self {
+            kind: row.kind,
+            channel: row.channel,
+            event: row.event,
+            state: row.state,
+            tries: row.tries,
+            next_try_at: pending.then_some(row.next_try_at),
+            confirmed_at: row.confirmed_at,
+            last_error: row.last_error,
+        }
+    }
 }
 
 /// A buyer returned the lead it bought.
@@ -338,8 +376,8 @@ pub struct ReturnView {
 }
 
 impl LeadView {
-    fn new(row: lead::Model, sale: Option<sale::Model>, awaiting_required_notify: bool) -> Self {
-        let contract = contract_of_row(&row, awaiting_required_notify);
+    fn new(row: lead::Model, sale: Option<sale::Model>, has_required_channel: bool) -> Self {
+        let contract = contract_of_row(&row, has_required_channel);
         let (raw, raw_base64) = match String::from_utf8(row.raw) {
             Ok(text) => (text, None),
             Err(error) => {
@@ -370,6 +408,7 @@ impl LeadView {
             why: None,
             attempts: None,
             returns: None,
+            deliveries: None,
         }
     }
 }

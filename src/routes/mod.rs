@@ -44,12 +44,9 @@ impl AppState {
         self.settings.current()
     }
 
-    /// True while some required notify channel must confirm before `accepted`.
-    pub fn awaiting_required_notify(&self) -> bool {
-        self.settings()
-            .notify
-            .iter()
-            .any(|channel| channel.required)
+    /// True when some notify channel is `required`.
+    pub fn has_required_channel(&self) -> bool {
+        self.settings().has_required_channel()
     }
 }
 

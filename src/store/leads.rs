@@ -277,11 +277,15 @@ fn lead_row(new: &NewLead) -> lead::Model {
         route_failures: 0,
         route_after: None,
         set_aside_reason: None,
+        accepted_at: None,
     }
 }
 
-/// The acceptance contract of a stored lead row.
-pub fn contract_of_row(row: &lead::Model, awaiting_required_notify: bool) -> Contract {
+/// The acceptance contract of a stored lead row. With a required notify
+/// channel configured, it is `accepted` only once one confirmed
+/// (`accepted_at`).
+pub fn contract_of_row(row: &lead::Model, has_required_channel: bool) -> Contract {
+    let awaiting_required_notify = has_required_channel && row.accepted_at.is_none();
     let state = LeadState::parse(&row.state).unwrap_or(LeadState::Received);
     let errors: Vec<FieldError> = serde_json::from_value(row.errors.clone()).unwrap_or_default();
     let mut contract = Contract::for_stored(

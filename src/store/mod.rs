@@ -3,6 +3,7 @@
 
 mod attempt_writer;
 mod caps;
+mod deliveries;
 mod leads;
 mod operations;
 mod person;
@@ -17,6 +18,10 @@ use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
 
 pub use attempt_writer::Written;
 pub use caps::{CapPeriod, CapSlot, CapUse};
+pub use deliveries::{
+    AfterFailure, ConfirmEffect, DeliveryAnswer, DeliveryBacklog, DeliveryState, DeliveryTarget,
+    HeldDelivery,
+};
 pub use leads::{contract_of_row, DuplicateRule, LeadFilter, LeadPage, NewLead, PersistOutcome};
 pub use operations::{OperationError, Settlement};
 pub use report::{Money, ReportBy, ReportRow};

@@ -350,11 +350,12 @@ impl Store {
     /// `interrupted`. Returns (posts, other calls) settled.
     pub async fn settle_interrupted_attempts(&self, lead_id: &str) -> Result<(u64, u64), DbErr> {
         let settle = |posts: bool, outcome: CallOutcome| {
-            let post = AttemptKind::POST.as_str();
+            // Deliveries (notify, event) settle on their own, see `deliveries`.
             let kind = if posts {
-                attempt::Column::Kind.eq(post)
+                attempt::Column::Kind.eq(AttemptKind::POST.as_str())
             } else {
-                attempt::Column::Kind.ne(post)
+                attempt::Column::Kind
+                    .is_in([AttemptKind::PING.as_str(), AttemptKind::Skip.as_str()])
             };
             attempt::Entity::update_many()
                 .col_expr(

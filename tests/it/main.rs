@@ -4,6 +4,7 @@
 
 mod buyers;
 mod helpers;
+mod inbox;
 mod process;
 mod scratch_db;
 
@@ -11,6 +12,7 @@ mod admin;
 mod config;
 mod distribution;
 mod intake;
+mod notify;
 mod reads;
 mod recovery;
 mod routing;

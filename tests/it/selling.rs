@@ -585,6 +585,7 @@ fn unsold_after_an_error(n: usize, buyer_id: &str) -> (lead::ActiveModel, attemp
         route_failures: 0,
         route_after: None,
         set_aside_reason: None,
+        accepted_at: None,
     };
     let attempt = attempt::ActiveModel {
         id: Set(format!("{id}-post")),

@@ -1,0 +1,612 @@
+//! `Courier`: one supervised actor per notify channel and per event sink,
+//! owning its transport (HTTP client or SMTP pool), timeout and concurrency,
+//! independent of routing (a lead is sold while its manager is down).
+//!
+//! Intake hands it every stored lead at once (`Deliver`); every second it
+//! also plans what recent leads are owed (so a crash between the lead's
+//! commit and that message loses nothing, and events follow state changes),
+//! then claims due rows with free slots and sends them. The database
+//! decides what may be sent (`store::deliveries`): a confirmed row is never
+//! sent again, by any instance. A failed try is retried with backoff for a
+//! day, then abandoned with an alert, for an operator.
+
+use std::collections::BTreeSet;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use chrono::{DateTime, Utc};
+use dashmap::DashMap;
+use entity::lead;
+use sea_orm::{ColumnTrait, Condition};
+use tokio::sync::Notify;
+
+use super::supervision::{guarded, RestartLog};
+use crate::alerts::{AlertKind, Alerts};
+use crate::config::SharedSettings;
+use crate::domain::{CallOutcome, LeadState};
+use crate::notify::{self, Destination, SaleFacts, Transport};
+use crate::store::{AfterFailure, DeliveryTarget, HeldDelivery, Store};
+
+/// How often a courier plans and claims on its own.
+const TICK: Duration = Duration::from_secs(1);
+/// A tick plans the leads changed since the last one, with this overlap
+/// (clock skew between instances, commits that took long).
+const PLAN_OVERLAP: Duration = Duration::from_secs(10);
+/// Every this many ticks, a plan looks back a whole day.
+const FULL_PLAN_EVERY: u64 = 60;
+/// Deliveries are tried for this long after the row was made.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// A backoff never grows past this.
+const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+/// A claim outlives its try's timeout by this much.
+const LEASE_MARGIN: Duration = Duration::from_secs(30);
+/// Tries of a confirmation's write before giving up (the row is then
+/// sent again after its lease: at least once, never lost).
+const CONFIRM_WRITES: u32 = 3;
+
+/// Wakes intake waiting (`intake.accept_wait`) for a lead's required
+/// channel to confirm.
+#[derive(Clone, Default)]
+pub struct Confirmations(Arc<DashMap<String, Arc<Notify>>>);
+
+impl Confirmations {
+    /// A handle that is notified when `lead_id` is confirmed from now on.
+    pub fn watch(&self, lead_id: &str) -> Arc<Notify> {
+        self.0.entry(lead_id.to_string()).or_default().clone()
+    }
+
+    /// Done waiting for `lead_id`.
+    pub fn forget(&self, lead_id: &str, handle: Arc<Notify>) {
+        drop(handle);
+        self.0
+            .remove_if(lead_id, |_, notify| Arc::strong_count(notify) == 1);
+    }
+
+    fn confirmed(&self, lead_id: &str) {
+        if let Some(notify) = self.0.get(lead_id) {
+            notify.notify_waiters();
+            notify.notify_one();
+        }
+    }
+}
+
+/// A channel's health as the status page shows it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ChannelHealth {
+    pub id: String,
+    pub kind: String,
+    pub role: Option<String>,
+    pub required: bool,
+    /// Tries that failed since the last confirmation.
+    pub consecutive_failures: u32,
+    pub in_flight: usize,
+    pub last_confirmed_at: Option<DateTime<Utc>>,
+    pub last_failed_at: Option<DateTime<Utc>>,
+    /// Deliveries waiting for a (next) try, and given up ones.
+    pub pending: u64,
+    pub abandoned: u64,
+}
+
+/// Every courier's health, by destination id.
+pub type DeliveryBoard = Arc<DashMap<String, ChannelHealth>>;
+
+/// The couriers, for intake and the status views.
+#[derive(Clone, Default)]
+pub struct Couriers {
+    pub channels: Vec<Addr<Courier>>,
+    pub sinks: Vec<Addr<Courier>>,
+    pub confirmations: Confirmations,
+    pub board: DeliveryBoard,
+}
+
+impl Couriers {
+    /// Starts one courier per notify channel and event sink.
+    pub fn start(shared: &SharedSettings, environment: CourierEnvironment) -> Self {
+        let settings = shared.current();
+        let channels: Vec<Destination> = settings
+            .notify
+            .iter()
+            .cloned()
+            .map(|channel| Destination::Channel(Arc::new(channel)))
+            .collect();
+        let sinks: Vec<Destination> = settings
+            .events
+            .iter()
+            .cloned()
+            .map(|sink| Destination::Sink(Arc::new(sink)))
+            .collect();
+        let start = |destination: Destination| {
+            let environment = environment.clone();
+            Supervisor::start(move |_| Courier::new(destination, environment))
+        };
+        Self {
+            channels: channels.into_iter().map(start).collect(),
+            sinks: sinks.into_iter().map(start).collect(),
+            confirmations: environment.confirmations.clone(),
+            board: environment.board.clone(),
+        }
+    }
+
+    /// Hands stored leads to every notify channel now.
+    pub fn deliver(&self, lead_ids: &[String]) {
+        if lead_ids.is_empty() {
+            return;
+        }
+        for channel in &self.channels {
+            channel.do_send(Deliver {
+                lead_ids: lead_ids.to_vec(),
+            });
+        }
+    }
+}
+
+/// What couriers share.
+#[derive(Clone)]
+pub struct CourierEnvironment {
+    pub store: Store,
+    pub settings: SharedSettings,
+    pub instance_id: Arc<str>,
+    pub alerts: Alerts,
+    pub restarts: RestartLog,
+    pub confirmations: Confirmations,
+    pub board: DeliveryBoard,
+}
+
+/// Deliver these stored leads as soon as a slot is free.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Deliver {
+    pub lead_ids: Vec<String>,
+}
+
+pub struct Courier {
+    destination: Destination,
+    targets: Vec<DeliveryTarget>,
+    environment: CourierEnvironment,
+    transport: Option<Rc<Transport>>,
+    /// Leads handed over and not yet planned and claimed.
+    handed: BTreeSet<String>,
+    in_flight: usize,
+    /// A plan-and-claim round is running.
+    pumping: bool,
+    /// When the last plan started (a plan then looks back from there).
+    planned_at: Option<DateTime<Utc>>,
+    ticks: u64,
+}
+
+impl Courier {
+    fn new(destination: Destination, environment: CourierEnvironment) -> Self {
+        Self {
+            targets: destination.targets(),
+            destination,
+            environment,
+            transport: None,
+            handed: BTreeSet::new(),
+            in_flight: 0,
+            pumping: false,
+            planned_at: None,
+            ticks: 0,
+        }
+    }
+
+    fn free_slots(&self) -> usize {
+        self.destination
+            .max_concurrency()
+            .saturating_sub(self.in_flight)
+    }
+
+    /// One round: plan what is owed, claim due rows for the free slots,
+    /// send each. `look_back`: plan recent leads too (a tick), not only
+    /// the ones handed over.
+    fn pump(&mut self, look_back: bool, ctx: &mut Context<Self>) {
+        if self.pumping || self.transport.is_none() {
+            return;
+        }
+        let handed: Vec<String> = std::mem::take(&mut self.handed).into_iter().collect();
+        let since = look_back.then(|| self.plan_since());
+        if handed.is_empty() && since.is_none() && self.free_slots() == 0 {
+            return;
+        }
+        self.pumping = true;
+        let round = Round {
+            store: self.environment.store.clone(),
+            settings: self.environment.settings.clone(),
+            targets: self.targets.clone(),
+            free: self.free_slots(),
+            lease: self.destination.timeout() + LEASE_MARGIN,
+            sweep_interrupted: self.ticks % FULL_PLAN_EVERY == 1,
+            destination: self.destination.clone(),
+        };
+        let future = round.run(handed, since);
+        ctx.spawn(
+            guarded::<Self, _>("courier", future).map(|claimed, courier, ctx| {
+                courier.pumping = false;
+                for (target, held) in claimed.unwrap_or_default() {
+                    courier.send(target, held, ctx);
+                }
+            }),
+        );
+    }
+
+    fn plan_since(&mut self) -> DateTime<Utc> {
+        let now = Utc::now();
+        self.ticks += 1;
+        let full = chrono::Duration::from_std(GIVE_UP_AFTER).unwrap_or_default();
+        let since = match self.planned_at {
+            Some(last) if !self.ticks.is_multiple_of(FULL_PLAN_EVERY) => {
+                last - chrono::Duration::from_std(PLAN_OVERLAP).unwrap_or_default()
+            }
+            _ => now - full,
+        };
+        self.planned_at = Some(now);
+        since
+    }
+
+    fn send(&mut self, target: DeliveryTarget, held: HeldDelivery, ctx: &mut Context<Self>) {
+        let Some(transport) = self.transport.clone() else {
+            return;
+        };
+        self.in_flight += 1;
+        self.publish(|health| health.in_flight += 1);
+        let delivery = OneDelivery {
+            environment: self.environment.clone(),
+            destination: self.destination.clone(),
+            target,
+            held,
+        };
+        ctx.spawn(guarded::<Self, _>("courier", delivery.run(transport)).map(
+            |confirmed, courier, ctx| {
+                courier.in_flight = courier.in_flight.saturating_sub(1);
+                let now = Utc::now();
+                courier.publish(|health| {
+                    health.in_flight = health.in_flight.saturating_sub(1);
+                    match confirmed {
+                        Some(true) => {
+                            health.consecutive_failures = 0;
+                            health.last_confirmed_at = Some(now);
+                        }
+                        _ => {
+                            health.consecutive_failures += 1;
+                            health.last_failed_at = Some(now);
+                        }
+                    }
+                });
+                // A slot is free: more may be due.
+                courier.pump(false, ctx);
+            },
+        ));
+    }
+
+    fn publish(&self, change: impl FnOnce(&mut ChannelHealth)) {
+        let mut entry = self
+            .environment
+            .board
+            .entry(self.destination.id().to_string())
+            .or_insert_with(|| initial_health(&self.destination));
+        change(&mut entry);
+    }
+
+    fn refresh_backlog(&self, ctx: &mut Context<Self>) {
+        let store = self.environment.store.clone();
+        let targets = self.targets.clone();
+        let future = async move {
+            let mut total = crate::store::DeliveryBacklog::default();
+            for target in &targets {
+                let backlog = store.delivery_backlog(target).await.ok()?;
+                total.pending += backlog.pending;
+                total.abandoned += backlog.abandoned;
+            }
+            Some(total)
+        };
+        ctx.spawn(future.into_actor(self).map(|total, courier, _| {
+            if let Some(total) = total {
+                courier.publish(|health| {
+                    health.pending = total.pending;
+                    health.abandoned = total.abandoned;
+                });
+            }
+        }));
+    }
+}
+
+fn initial_health(destination: &Destination) -> ChannelHealth {
+    let (kind, role, required) = match destination {
+        Destination::Channel(channel) => (
+            channel.kind.as_str().to_string(),
+            Some(channel.role.as_str().to_string()),
+            channel.required,
+        ),
+        Destination::Sink(_) => ("events".to_string(), None, false),
+    };
+    ChannelHealth {
+        id: destination.id().to_string(),
+        kind,
+        role,
+        required,
+        ..ChannelHealth::default()
+    }
+}
+
+impl Actor for Courier {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        match Transport::for_destination(&self.destination) {
+            Ok(transport) => self.transport = Some(Rc::new(transport)),
+            Err(error) => {
+                tracing::error!(channel = self.destination.id(), %error, "delivery channel cannot start")
+            }
+        }
+        self.publish(|_| {});
+        ctx.run_interval(TICK, |courier, ctx| {
+            courier.pump(true, ctx);
+            if courier.ticks.is_multiple_of(5) {
+                courier.refresh_backlog(ctx);
+            }
+        });
+    }
+}
+
+impl Supervised for Courier {
+    fn restarting(&mut self, _ctx: &mut Context<Self>) {
+        self.environment.restarts.restarted("courier");
+        // Tries in flight were dropped; their rows' leases run out and
+        // they are tried again.
+        self.in_flight = 0;
+        self.pumping = false;
+        self.publish(|health| health.in_flight = 0);
+    }
+}
+
+impl Handler<Deliver> for Courier {
+    type Result = ();
+
+    fn handle(&mut self, message: Deliver, ctx: &mut Context<Self>) {
+        self.handed.extend(message.lead_ids);
+        self.pump(false, ctx);
+    }
+}
+
+/// The database side of one round, on its own so it can run as a future.
+struct Round {
+    store: Store,
+    settings: SharedSettings,
+    destination: Destination,
+    targets: Vec<DeliveryTarget>,
+    free: usize,
+    lease: Duration,
+    sweep_interrupted: bool,
+}
+
+impl Round {
+    async fn run(
+        self,
+        handed: Vec<String>,
+        since: Option<DateTime<Utc>>,
+    ) -> Vec<(DeliveryTarget, HeldDelivery)> {
+        let has_required = self.settings.current().has_required_channel();
+        if self.sweep_interrupted {
+            if let Err(error) = self
+                .store
+                .settle_interrupted_deliveries(self.destination.kind(), self.destination.id())
+                .await
+            {
+                tracing::warn!(channel = self.destination.id(), %error, "settling interrupted deliveries");
+            }
+        }
+        let mut claimed = Vec::new();
+        for target in &self.targets {
+            let owed = owed_by(target, has_required);
+            let mut plans = Vec::new();
+            if !handed.is_empty() {
+                plans.push(
+                    owed.clone()
+                        .add(lead::Column::Id.is_in(handed.iter().map(String::as_str))),
+                );
+            }
+            if let Some(since) = since {
+                plans.push(owed.add(recent(target, has_required, since)));
+            }
+            for plan in plans {
+                if let Err(error) = self.store.plan_deliveries(target, plan).await {
+                    tracing::warn!(channel = self.destination.id(), %error, "planning deliveries");
+                }
+            }
+            let room = self.free.saturating_sub(claimed.len());
+            if room == 0 {
+                continue;
+            }
+            match self
+                .store
+                .claim_deliveries(target, None, room as u64, self.lease)
+                .await
+            {
+                Ok(held) => claimed.extend(held.into_iter().map(|held| (target.clone(), held))),
+                Err(error) => {
+                    tracing::warn!(channel = self.destination.id(), %error, "claiming deliveries")
+                }
+            }
+        }
+        claimed
+    }
+}
+
+/// Which leads a target is owed: every stored valid lead for a notify
+/// channel; the leads in the event's state for an event.
+fn owed_by(target: &DeliveryTarget, has_required: bool) -> Condition {
+    let valid = lead::Column::State.ne(LeadState::Invalid.as_str());
+    match target.event.as_deref() {
+        None => Condition::all().add(valid),
+        Some("lead.accepted") if has_required => {
+            Condition::all().add(lead::Column::AcceptedAt.is_not_null())
+        }
+        Some("lead.accepted") => Condition::all().add(valid),
+        Some(event) => Condition::all()
+            .add(lead::Column::State.eq(event.strip_prefix("lead.").unwrap_or(event))),
+    }
+}
+
+/// Leads whose change since `since` may have made them owed.
+fn recent(target: &DeliveryTarget, has_required: bool, since: DateTime<Utc>) -> Condition {
+    let day_ago = Utc::now() - chrono::Duration::from_std(GIVE_UP_AFTER).unwrap_or_default();
+    match target.event.as_deref() {
+        Some("lead.accepted") if has_required => {
+            Condition::all().add(lead::Column::AcceptedAt.gte(since))
+        }
+        None => Condition::all()
+            .add(lead::Column::UpdatedAt.gte(since))
+            .add(lead::Column::ReceivedAt.gte(day_ago)),
+        Some(_) => Condition::all().add(lead::Column::UpdatedAt.gte(since)),
+    }
+}
+
+/// One try of one delivery, from its attempt row to its answer's commit.
+/// Yields whether it was confirmed.
+struct OneDelivery {
+    environment: CourierEnvironment,
+    destination: Destination,
+    target: DeliveryTarget,
+    held: HeldDelivery,
+}
+
+impl OneDelivery {
+    async fn run(self, transport: Rc<Transport>) -> bool {
+        let Self {
+            environment,
+            destination,
+            target,
+            held,
+        } = self;
+        let store = &environment.store;
+        let lead = &held.lead;
+        let channel = destination.id();
+        let sale = if target.event.as_deref() == Some("lead.sold") {
+            sale_facts(store, &lead.id).await
+        } else {
+            SaleFacts::default()
+        };
+        let prepared = match notify::prepare(&destination, lead, target.event.as_deref(), &sale) {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                tracing::error!(lead_id = %lead.id, channel, %error, "delivery cannot be built");
+                return false;
+            }
+        };
+        let attempt_id = match store
+            .begin_delivery_attempt(
+                &target,
+                &lead.id,
+                prepared.shown.clone(),
+                destination.snapshot(),
+                &environment.instance_id,
+            )
+            .await
+        {
+            Ok(id) => id,
+            Err(error) => {
+                // Not sent: the row's lease runs out and it is tried again.
+                tracing::warn!(lead_id = %lead.id, channel, %error, "delivery not recorded, so not sent");
+                return false;
+            }
+        };
+        let answer = transport.send(prepared, destination.timeout()).await;
+        let confirmed = answer.outcome == CallOutcome::Accepted;
+        tracing::info!(
+            lead_id = %lead.id,
+            channel,
+            kind = target.kind.as_str(),
+            event = target.event.as_deref().unwrap_or_default(),
+            outcome = answer.outcome.as_str(),
+            status = answer.http_status,
+            "delivery tried"
+        );
+        if confirmed {
+            let effect = destination.confirm_effect();
+            for write in 1..=CONFIRM_WRITES {
+                match store
+                    .confirm_delivery(&target, &lead.id, &attempt_id, &answer, effect)
+                    .await
+                {
+                    Ok(()) => {
+                        if effect.accepts {
+                            environment.confirmations.confirmed(&lead.id);
+                        }
+                        break;
+                    }
+                    Err(error) => {
+                        tracing::error!(lead_id = %lead.id, channel, %error, write, "confirmation not recorded");
+                        actix_web::rt::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+            return true;
+        }
+        let gave_up = Utc::now() - held.created_at
+            >= chrono::Duration::from_std(GIVE_UP_AFTER).unwrap_or_default();
+        let after = if gave_up {
+            AfterFailure::Abandon
+        } else {
+            AfterFailure::RetryAt(Utc::now() + backoff(destination.retry_backoff(), held.tries))
+        };
+        if let Err(error) = store
+            .delivery_failed(&target, &lead.id, &attempt_id, &answer, after)
+            .await
+        {
+            tracing::warn!(lead_id = %lead.id, channel, %error, "failed delivery not recorded");
+        }
+        if gave_up {
+            let message = format!(
+                "{} {} of lead {} given up after a day of tries: {}",
+                target.kind.as_str(),
+                target.key(),
+                lead.id,
+                answer.error.as_deref().unwrap_or("no confirmation")
+            );
+            environment
+                .alerts
+                .raise(
+                    AlertKind::DeliveryFailed,
+                    Some(channel),
+                    Some(&lead.id),
+                    &message,
+                )
+                .await;
+        }
+        false
+    }
+}
+
+/// `first` doubled for each try after the first, at most an hour.
+fn backoff(first: Duration, tries: i32) -> chrono::Duration {
+    let doublings = u32::try_from(tries.saturating_sub(1)).unwrap_or(0).min(20);
+    let wait = first.saturating_mul(2u32.saturating_pow(doublings));
+    chrono::Duration::from_std(std::cmp::min(wait, MAX_BACKOFF)).unwrap_or_default()
+}
+
+async fn sale_facts(store: &Store, lead_id: &str) -> SaleFacts {
+    match store.sales_of(&[lead_id.to_string()]).await {
+        Ok(sales) => sales
+            .get(lead_id)
+            .map(|sale| SaleFacts {
+                buyer_id: Some(sale.buyer_id.clone()),
+                price: sale.price,
+            })
+            .unwrap_or_default(),
+        Err(_) => SaleFacts::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_an_hour() {
+        let first = Duration::from_secs(30);
+        assert_eq!(backoff(first, 1).num_seconds(), 30);
+        assert_eq!(backoff(first, 3).num_seconds(), 120);
+        assert_eq!(backoff(first, 40).num_seconds(), 3600);
+    }
+}

@@ -1,0 +1,433 @@
+//! Accountable delivery (SPEC section 7) on both databases, against real
+//! receivers on loopback: a required channel makes a lead `accepted`
+//! (within `accept_wait`, or later by polling); a channel that is down
+//! keeps the lead `pending` and safe while it is still sold; a replay after
+//! it recovers delivers exactly once; two instances never notify one lead
+//! twice; events are sent once each and `lead.accepted` never for a
+//! pending lead; Slack, Telegram and SMTP channels deliver to real servers.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
+use crate::helpers::{spawn_app_with, spawn_instance_of, wait_until, Backend, TestApp};
+use crate::inbox::{Reply, TestInbox, TestSmtp};
+use crate::on_both_databases;
+
+on_both_databases!(
+    a_required_channel_accepts_the_lead_within_accept_wait,
+    a_later_confirmation_flips_the_contract_to_accepted,
+    a_channel_that_is_down_keeps_the_lead_pending_and_a_replay_delivers_it_once,
+    two_instances_never_notify_one_lead_twice,
+    events_are_sent_once_each_and_never_accepted_for_a_pending_lead,
+    unsold_and_unknown_leads_are_announced,
+    slack_telegram_and_email_channels_deliver_readable_messages,
+);
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A required manager channel at `inbox` (retries an hour apart, so a test
+/// sees only the tries it causes) and `accept_wait`.
+fn manager_channel(inbox: &TestInbox, accept_wait: &str) -> String {
+    format!(
+        "\n[intake]\naccept_wait = \"{accept_wait}\"\n\n[[notify]]\nid = \"manager\"\nrole = \"manager\"\nurl = \"{}/hook\"\ntimeout = \"3s\"\nrequired = true\nretry_backoff = \"1h\"\n",
+        inbox.base
+    )
+}
+
+fn a_lead(email: &str) -> Value {
+    json!({
+        "email": email,
+        "first_name": "Ann",
+        "utm_source": "google",
+        "consent_text": "I agree to be contacted.",
+    })
+}
+
+async fn status_of(app: &TestApp, id: &str) -> Value {
+    let answer = app
+        .send(
+            app.client.get(app.url(&format!("/v1/leads/{id}/status"))),
+            "",
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    answer.json()
+}
+
+async fn replay(app: &TestApp, key: &str, body: &Value) -> Value {
+    let request = app
+        .client
+        .post(app.url("/v1/leads?source=website"))
+        .insert_header(("Content-Type", "application/json"))
+        .insert_header(("Idempotency-Key", key));
+    let answer = app.send(request, serde_json::to_vec(body).unwrap()).await;
+    assert!(answer.status < 300, "{}", answer.text());
+    answer.json()
+}
+
+fn id_of(contract: &Value) -> String {
+    contract["submission_id"].as_str().unwrap().to_string()
+}
+
+/// Waits until the lead's `channel` delivery is confirmed (admin view).
+async fn wait_confirmed(app: &TestApp, id: &str, target: &str) {
+    wait_until(&format!("{target} to confirm lead {id}"), WAIT, || async {
+        app.lead(id).await["deliveries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|row| {
+                let name = match row["event"].as_str() {
+                    Some(event) => format!("{}:{event}", row["channel"].as_str().unwrap()),
+                    None => row["channel"].as_str().unwrap().to_string(),
+                };
+                name == target && row["state"] == "confirmed"
+            })
+    })
+    .await;
+}
+
+async fn a_required_channel_accepts_the_lead_within_accept_wait(backend: Backend) {
+    let inbox = TestInbox::start(Reply::ok());
+    let buyer = TestBuyer::start(accept(), accept());
+    let config = format!(
+        "{}{}",
+        manager_channel(&inbox, "5s"),
+        BuyerConfig::new("acme", 1).toml(&buyer.base)
+    );
+    let app = spawn_app_with(backend, &config).await;
+
+    let answer = app.post_form_lead(&a_lead("ann@example.com")).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let contract = answer.json();
+    assert_eq!(contract["acceptance"], "accepted");
+    assert_eq!(contract["manager_notified"], true);
+    assert_eq!(contract["crm_synced"], false);
+    let id = id_of(&contract);
+
+    let received = inbox.confirmed_for(&id);
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].idempotency_key, format!("{id}:manager:notify"));
+    let body = received[0].json();
+    assert_eq!(body["fields"]["email"], "ann@example.com");
+    assert_eq!(body["attribution"]["utm_source"], "google");
+    assert_eq!(
+        body["attribution"]["consent_text"],
+        "I agree to be contacted."
+    );
+    assert_eq!(body["test"], false);
+
+    let view = app.wait_for_state(&id, "sold").await;
+    let notify: Vec<&Value> = view["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|attempt| attempt["kind"] == "notify")
+        .collect();
+    assert_eq!(notify.len(), 1, "{view}");
+    assert_eq!(notify[0]["buyer_id"], "manager");
+    assert_eq!(notify[0]["outcome"], "accepted");
+    assert_eq!(notify[0]["http_status"], 200);
+    assert_eq!(view["deliveries"][0]["state"], "confirmed");
+    assert_eq!(view["contract"]["acceptance"], "accepted");
+}
+
+async fn a_later_confirmation_flips_the_contract_to_accepted(backend: Backend) {
+    let inbox = TestInbox::start(Reply::ok().after(Duration::from_millis(1500)));
+    let app = spawn_app_with(backend, &manager_channel(&inbox, "200ms")).await;
+
+    let answer = app.post_form_lead(&a_lead("bob@example.com")).await;
+    assert_eq!(answer.status, 202, "{}", answer.text());
+    let contract = answer.json();
+    assert_eq!(contract["acceptance"], "pending");
+    assert_eq!(contract["server_recorded"], true);
+    assert_eq!(contract["manager_notified"], false);
+    let id = id_of(&contract);
+
+    wait_until("the status to flip to accepted", WAIT, || async {
+        status_of(&app, &id).await["acceptance"] == "accepted"
+    })
+    .await;
+    let status = status_of(&app, &id).await;
+    assert_eq!(status["accepted"], true);
+    assert_eq!(status["manager_notified"], true);
+    assert_eq!(inbox.confirmed_for(&id).len(), 1);
+}
+
+async fn a_channel_that_is_down_keeps_the_lead_pending_and_a_replay_delivers_it_once(
+    backend: Backend,
+) {
+    let inbox = TestInbox::start(Reply::status(500));
+    let buyer = TestBuyer::start(accept(), accept());
+    let config = format!(
+        "{}{}",
+        manager_channel(&inbox, "0s"),
+        BuyerConfig::new("acme", 1).toml(&buyer.base)
+    );
+    let app = spawn_app_with(backend, &config).await;
+    let lead = a_lead("cat@example.com");
+
+    let first = replay(&app, "form-key-1", &lead).await;
+    assert_eq!(first["acceptance"], "pending");
+    assert_eq!(first["replayed"], false);
+    let id = id_of(&first);
+    // Sold while its manager is down: delivery is independent of routing.
+    app.wait_for_state(&id, "sold").await;
+    wait_until("the channel's first (failed) try", WAIT, || async {
+        !inbox.received().is_empty()
+    })
+    .await;
+    let status = status_of(&app, &id).await;
+    assert_eq!(status["acceptance"], "pending", "{status}");
+    assert_eq!(status["lead_state"], "sold");
+    assert_eq!(status["manager_notified"], false);
+
+    inbox.set_reply(Reply::ok());
+    let second = replay(&app, "form-key-1", &lead).await;
+    assert_eq!(second["replayed"], true);
+    assert_eq!(id_of(&second), id);
+    wait_until("the replay to deliver", WAIT, || async {
+        status_of(&app, &id).await["acceptance"] == "accepted"
+    })
+    .await;
+    let third = replay(&app, "form-key-1", &lead).await;
+    assert_eq!(third["acceptance"], "accepted");
+    assert_eq!(third["manager_notified"], true);
+
+    // Another lead delivered after the replays: the courier kept working
+    // (ticks, plans, claims) and still sent the first lead once.
+    let later = id_of(&replay(&app, "form-key-2", &a_lead("dan@example.com")).await);
+    wait_confirmed(&app, &later, "manager").await;
+    assert_eq!(inbox.confirmed_for(&id).len(), 1, "{:?}", inbox.received());
+    let view = app.lead(&id).await;
+    let tries: Vec<&Value> = view["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|attempt| attempt["kind"] == "notify")
+        .collect();
+    assert_eq!(tries.len(), 2, "one failed try, one confirmed: {view}");
+    assert_eq!(tries[0]["outcome"], "error");
+    assert_eq!(tries[1]["outcome"], "accepted");
+}
+
+async fn two_instances_never_notify_one_lead_twice(backend: Backend) {
+    let inbox = TestInbox::start(Reply::ok().after(Duration::from_millis(100)));
+    let config = manager_channel(&inbox, "0s");
+    let first = spawn_app_with(backend, &config).await;
+    let second = spawn_instance_of(&first, &config, |_| {}).await;
+
+    let submissions = (0..30).map(|n| {
+        let app = if n % 2 == 0 { &first } else { &second };
+        async move { app.submit(a_lead(&format!("p{n}@example.com"))).await }
+    });
+    let ids = futures_util::future::join_all(submissions).await;
+    for id in &ids {
+        wait_until(&format!("lead {id} to be accepted"), WAIT, || async {
+            status_of(&first, id).await["acceptance"] == "accepted"
+        })
+        .await;
+    }
+    // Both couriers have ticked over these leads again by the time a lead
+    // submitted later is confirmed on the other instance.
+    let later = second.submit(a_lead("later@example.com")).await;
+    wait_confirmed(&first, &later, "manager").await;
+    for id in &ids {
+        assert_eq!(inbox.confirmed_for(id).len(), 1, "lead {id}");
+    }
+    assert_eq!(
+        inbox.received().len(),
+        ids.len() + 1,
+        "no try beyond one each"
+    );
+}
+
+/// Event sink `events-1` at `sink` for every lifecycle event.
+fn event_sink(sink: &TestInbox) -> String {
+    format!(
+        "\n[[events]]\nurl = \"{}/events\"\non = [\"lead.accepted\", \"lead.sold\", \"lead.unsold\", \"lead.unknown\"]\ntimeout = \"2s\"\n",
+        sink.base
+    )
+}
+
+/// The events the sink got about `lead_id`, by name.
+fn events_for(sink: &TestInbox, lead_id: &str) -> Vec<String> {
+    sink.confirmed_for(lead_id)
+        .iter()
+        .map(|call| {
+            call.json()["event"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+async fn events_are_sent_once_each_and_never_accepted_for_a_pending_lead(backend: Backend) {
+    let manager = TestInbox::start(Reply::status(503));
+    let sink = TestInbox::start(Reply::ok());
+    let buyer = TestBuyer::start(accept(), accept());
+    let config = format!(
+        "{}{}{}",
+        manager_channel(&manager, "0s"),
+        event_sink(&sink),
+        BuyerConfig::new("acme", 1).toml(&buyer.base)
+    );
+    let app = spawn_app_with(backend, &config).await;
+    let lead = a_lead("eve@example.com");
+    let id = id_of(&replay(&app, "event-key", &lead).await);
+
+    app.wait_for_state(&id, "sold").await;
+    wait_until("lead.sold to be sent", WAIT, || async {
+        events_for(&sink, &id).contains(&"lead.sold".to_string())
+    })
+    .await;
+    let sold = sink
+        .confirmed_for(&id)
+        .into_iter()
+        .find(|call| call.json()["event"] == "lead.sold")
+        .unwrap();
+    assert_eq!(sold.idempotency_key, format!("{id}:lead.sold:event"));
+    let body = sold.json();
+    assert_eq!(body["buyer_id"], "acme");
+    assert_eq!(body["price"], 15.0);
+    assert_eq!(body["source"], "website");
+    assert_eq!(body["test"], false);
+    assert!(body["at"].is_string(), "{body}");
+    assert_eq!(status_of(&app, &id).await["acceptance"], "pending");
+    assert!(
+        !events_for(&sink, &id).contains(&"lead.accepted".to_string()),
+        "never lead.accepted for a pending lead: {:?}",
+        events_for(&sink, &id)
+    );
+
+    manager.set_reply(Reply::ok());
+    replay(&app, "event-key", &lead).await;
+    wait_until("lead.accepted to be sent", WAIT, || async {
+        events_for(&sink, &id).contains(&"lead.accepted".to_string())
+    })
+    .await;
+    // A later lead's events arrive after more ticks over the first lead.
+    let later = id_of(&replay(&app, "event-key-2", &a_lead("fay@example.com")).await);
+    wait_confirmed(&app, &later, "events-1:lead.sold").await;
+    let mut events = events_for(&sink, &id);
+    events.sort();
+    assert_eq!(events, ["lead.accepted", "lead.sold"], "each once");
+    let view = app.lead(&id).await;
+    let rows = view["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|attempt| attempt["kind"] == "event")
+        .count();
+    assert_eq!(rows, 2, "each event is an attempt row: {view}");
+}
+
+async fn unsold_and_unknown_leads_are_announced(backend: Backend) {
+    let sink = TestInbox::start(Reply::ok());
+    let buyer = TestBuyer::start(accept(), Answer::Reject);
+    let buyer_config = BuyerConfig {
+        post_timeout: "300ms",
+        ..BuyerConfig::new("acme", 1)
+    };
+    let config = format!("{}{}", event_sink(&sink), buyer_config.toml(&buyer.base));
+    let app = spawn_app_with(backend, &config).await;
+
+    let unsold = app.submit(a_lead("gil@example.com")).await;
+    app.wait_for_state(&unsold, "unsold").await;
+    buyer.set_post(Answer::Hang);
+    let unknown = app.submit(a_lead("hal@example.com")).await;
+    app.wait_for_state(&unknown, "unknown").await;
+    wait_confirmed(&app, &unknown, "events-1:lead.unknown").await;
+    wait_confirmed(&app, &unsold, "events-1:lead.unsold").await;
+    // No required channel: stored and valid is accepted.
+    for (id, last) in [(&unsold, "lead.unsold"), (&unknown, "lead.unknown")] {
+        wait_confirmed(&app, id, "events-1:lead.accepted").await;
+        let mut events = events_for(&sink, id);
+        events.sort();
+        assert_eq!(events, ["lead.accepted", last], "lead {id}");
+    }
+}
+
+async fn slack_telegram_and_email_channels_deliver_readable_messages(backend: Backend) {
+    let slack = TestInbox::start(Reply::ok());
+    let telegram = TestInbox::start(Reply::ok());
+    let smtp = TestSmtp::start().await;
+    let config = format!(
+        r#"
+[[notify]]
+id = "slack"
+role = "manager"
+kind = "slack"
+url = "{slack}/services/T000/B000/slack-secret-path"
+
+[[notify]]
+id = "telegram"
+role = "manager"
+kind = "telegram"
+url = "{telegram}"
+bot_token = "123456:telegram-secret-token"
+chat_id = "-1001"
+
+[[notify]]
+id = "mail"
+role = "crm"
+kind = "email"
+url = "{smtp}"
+from = "leads@example.com"
+to = ["sales@example.com"]
+"#,
+        slack = slack.base,
+        telegram = telegram.base,
+        smtp = smtp.url,
+    );
+    let app = spawn_app_with(backend, &config).await;
+    let id = app.submit(a_lead("ivy@example.com")).await;
+    for channel in ["slack", "telegram", "mail"] {
+        wait_confirmed(&app, &id, channel).await;
+    }
+
+    let slack_call = &slack.received()[0];
+    assert_eq!(slack_call.path, "/services/T000/B000/slack-secret-path");
+    let text = slack_call.json()["text"].as_str().unwrap().to_string();
+    assert!(text.contains("New lead from website"), "{text}");
+    assert!(text.contains("email: ivy@example.com"), "{text}");
+    assert!(text.contains(&id), "{text}");
+
+    let telegram_call = &telegram.received()[0];
+    assert_eq!(
+        telegram_call.path,
+        "/bot123456:telegram-secret-token/sendMessage"
+    );
+    let message = telegram_call.json();
+    assert_eq!(message["chat_id"], "-1001");
+    assert!(message["text"]
+        .as_str()
+        .unwrap()
+        .contains("email: ivy@example.com"));
+
+    let mails = smtp.mails();
+    assert_eq!(mails.len(), 1);
+    assert_eq!(mails[0].from, "<leads@example.com>");
+    assert_eq!(mails[0].to, ["<sales@example.com>"]);
+    assert!(
+        mails[0].data.contains("Subject: New lead from website"),
+        "{}",
+        mails[0].data
+    );
+    assert!(
+        mails[0].data.contains("ivy@example.com"),
+        "{}",
+        mails[0].data
+    );
+
+    let status = status_of(&app, &id).await;
+    assert_eq!(status["manager_notified"], true);
+    assert_eq!(status["crm_synced"], true);
+    // The attempt views keep no channel secret.
+    let view = app.lead(&id).await.to_string();
+    assert!(!view.contains("slack-secret-path"), "{view}");
+    assert!(!view.contains("telegram-secret-token"), "{view}");
+}
