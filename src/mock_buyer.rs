@@ -1,7 +1,9 @@
 //! `leadrouter mock-buyer`: a buyer API simulator for trying leadrouter out
 //! and for benchmarks. It answers like real ping/post buyers do (see
-//! BUYER-CONVENTIONS): HTTP 200 with `{"response": "success", ...}` or
-//! `{"response": "failure", ...}`, 503 on a simulated failure, or nothing at
+//! BUYER-CONVENTIONS): HTTP 200 with `accepted: true|false` and, on a ping,
+//! `bid` and `ping_id`, on a post `price` (what the example configuration
+//! reads), beside the fields such APIs also send (`response`,
+//! `leadAuctionId`, `details`); 503 on a simulated failure, or nothing at
 //! all when told to hang.
 
 use std::net::TcpListener;
@@ -76,14 +78,21 @@ async fn ping(
     }
     if fastrand::f64() < behaviour.accept_rate {
         let bid = 5.0 + (fastrand::f64() * 40.0).round();
+        let auction_id = auction_ids.fetch_add(1, Ordering::Relaxed);
         HttpResponse::Ok().json(json!({
-            "response": "success",
-            "leadAuctionId": auction_ids.fetch_add(1, Ordering::Relaxed),
+            "accepted": true,
             "bid": bid,
+            "ping_id": format!("P-{auction_id}"),
+            "response": "success",
+            "leadAuctionId": auction_id,
             "details": "Thank You"
         }))
     } else {
-        HttpResponse::Ok().json(json!({"response": "failure", "details": "Quota Reached"}))
+        HttpResponse::Ok().json(json!({
+            "accepted": false,
+            "response": "failure",
+            "details": "Quota Reached"
+        }))
     }
 }
 
@@ -96,8 +105,18 @@ async fn post(behaviour: web::Data<Behaviour>, body: web::Bytes) -> HttpResponse
         .and_then(|lead| lead["bid"].as_f64())
         .unwrap_or(10.0);
     if fastrand::f64() < behaviour.accept_rate {
-        HttpResponse::Ok().json(json!({"response": "success", "price": bid}))
+        HttpResponse::Ok().json(json!({
+            "accepted": true,
+            "price": bid,
+            "response": "success",
+            "buyer_lead_id": format!("B-{}", fastrand::u64(..)),
+            "details": "Lead Accepted"
+        }))
     } else {
-        HttpResponse::Ok().json(json!({"response": "failure", "reason": "Duplicate"}))
+        HttpResponse::Ok().json(json!({
+            "accepted": false,
+            "response": "failure",
+            "reason": "Duplicate"
+        }))
     }
 }

@@ -90,6 +90,7 @@ mod tests {
             external_id: None,
             required: vec![],
             thank_you_url: String::new(),
+            allowed_origins: Vec::new(),
             rate_limit: Some(RateLimitSettings {
                 per_ip: Some("2/min".parse().unwrap()),
                 total: None,

@@ -92,7 +92,7 @@ impl Application {
             App::new()
                 .app_data(state.clone())
                 .configure(extra_routes)
-                .configure(routes::configure)
+                .configure(|config| routes::configure(config, &state.settings))
         })
         .listen(listener)?
         .disable_signals()

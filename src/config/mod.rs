@@ -203,6 +203,19 @@ pub struct IntakeSettings {
 }
 
 impl Settings {
+    /// True when `origin` is in some form source's `allowed_origins`.
+    pub fn allows_origin(&self, origin: &str) -> bool {
+        self.sources
+            .iter()
+            .filter(|source| source.kind == SourceKind::Form)
+            .any(|source| {
+                source
+                    .allowed_origins
+                    .iter()
+                    .any(|allowed| allowed == origin)
+            })
+    }
+
     /// True when some notify channel must confirm before a lead is `accepted`.
     pub fn has_required_channel(&self) -> bool {
         self.notify.iter().any(|channel| channel.required)
@@ -313,6 +326,10 @@ pub struct SourceSettings {
     pub required: Vec<String>,
     #[serde(default)]
     pub thank_you_url: String,
+    /// Forms: site origins whose pages may call intake and the status
+    /// endpoint from a browser (CORS), e.g. `https://www.example.com`.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
     pub rate_limit: Option<RateLimitSettings>,
     /// Normalised name = payload key; `None`: every top-level key passes through.
     pub fields: Option<BTreeMap<String, String>>,

@@ -93,6 +93,19 @@ pub fn check(settings: &Settings) -> Vec<Problem> {
         if !source.thank_you_url.is_empty() {
             check_url(&at("thank_you_url"), &source.thank_you_url, &mut problem);
         }
+        for origin in &source.allowed_origins {
+            if source.kind != SourceKind::Form {
+                problem(
+                    at("allowed_origins"),
+                    "only form sources are called from browsers".into(),
+                );
+            } else if !is_origin(origin) {
+                problem(
+                    at("allowed_origins"),
+                    format!("not an origin (scheme://host[:port], no path): {origin:?}"),
+                );
+            }
+        }
     }
 
     let mut buyer_ids = HashSet::new();
@@ -311,6 +324,18 @@ fn check_secret_url(path: &str, url: &Secret, problem: &mut impl FnMut(String, S
     if !scheme_ok || url.parse::<awc::http::Uri>().is_err() {
         problem(path.to_string(), "not an http(s) URL".into());
     }
+}
+
+/// `https://www.example.com` or `http://127.0.0.1:8080`: what a browser
+/// sends as `Origin`.
+fn is_origin(origin: &str) -> bool {
+    let Some((scheme, host)) = origin.split_once("://") else {
+        return false;
+    };
+    matches!(scheme, "http" | "https")
+        && !host.is_empty()
+        && !host.contains('/')
+        && origin.parse::<awc::http::Uri>().is_ok()
 }
 
 fn check_url(path: &str, url: &str, problem: &mut impl FnMut(String, String)) {

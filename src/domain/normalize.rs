@@ -299,6 +299,7 @@ mod tests {
             external_id: Some("lead_id".into()),
             required: required.iter().map(|s| s.to_string()).collect(),
             thank_you_url: String::new(),
+            allowed_origins: Vec::new(),
             rate_limit: None,
             fields: None,
             payout: None,

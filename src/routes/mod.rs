@@ -4,6 +4,7 @@
 mod admin;
 mod auth;
 mod buyers;
+mod cors;
 mod error;
 mod form_page;
 mod health;
@@ -50,8 +51,11 @@ impl AppState {
     }
 }
 
+/// The form helper, served from the binary (SPEC section 5).
+const FORM_JS: &str = include_str!("../form.js");
+
 /// Registers every route; used by the server and by nothing else.
-pub fn configure(config: &mut web::ServiceConfig) {
+pub fn configure(config: &mut web::ServiceConfig, settings: &SharedSettings) {
     config
         .app_data(web::QueryConfig::default().error_handler(|error, _| {
             ApiError::BadRequest(format!("bad query string: {error}")).into()
@@ -61,8 +65,13 @@ pub fn configure(config: &mut web::ServiceConfig) {
         }))
         .route("/healthz", web::get().to(health::healthz))
         .route("/readyz", web::get().to(health::readyz))
-        .route("/v1/leads", web::post().to(intake::submit))
-        .route("/v1/leads", web::get().to(leads::list))
+        .route("/form.js", web::get().to(form_js))
+        .service(
+            web::resource("/v1/leads")
+                .wrap(cors::for_forms(settings.clone()))
+                .route(web::post().to(intake::submit))
+                .route(web::get().to(leads::list)),
+        )
         .route("/v1/leads/batch", web::post().to(intake::submit_batch))
         .route("/v1/leads/{id}", web::get().to(leads::show))
         .route("/v1/leads/{id}", web::patch().to(admin::fix))
@@ -73,7 +82,11 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/v1/alerts", web::get().to(admin::alerts))
         .route("/v1/report", web::get().to(report::report))
         .route("/v1/admin/reload", web::post().to(admin::reload))
-        .route("/v1/leads/{id}/status", web::get().to(leads::status))
+        .service(
+            web::resource("/v1/leads/{id}/status")
+                .wrap(cors::for_forms(settings.clone()))
+                .route(web::get().to(leads::status)),
+        )
         .route("/v1/review", web::get().to(leads::review))
         .route("/v1/status", web::get().to(status::status))
         .route("/metrics", web::get().to(status::metrics))
@@ -87,6 +100,13 @@ pub fn configure(config: &mut web::ServiceConfig) {
             web::post().to(buyers::set_circuit),
         )
         .default_service(web::to(not_found));
+}
+
+async fn form_js() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/javascript; charset=utf-8")
+        .insert_header(("Cache-Control", "public, max-age=300"))
+        .body(FORM_JS)
 }
 
 async fn not_found() -> HttpResponse {

@@ -295,3 +295,22 @@ impl BuyerConfig<'_> {
         )
     }
 }
+
+/// The example configuration's first buyer (`config/example.toml`),
+/// pointed at `base`: its rules as shipped, to check they read what
+/// `leadrouter mock-buyer` answers.
+pub fn example_buyer(base: &str) -> leadrouter::config::BuyerSettings {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/example.toml"))
+        .unwrap();
+    let overrides = ["DATABASE_URL", "LEADROUTER_LISTEN"];
+    let settings = leadrouter::config::parse(&text, |name| {
+        (!overrides.contains(&name)).then(|| format!("test-{name}"))
+    })
+    .expect("the example configuration is valid");
+    let mut buyer = settings.buyers[0].clone();
+    if let Some(ping) = buyer.ping.as_mut() {
+        ping.url = format!("{base}/ping");
+    }
+    buyer.post.url = format!("{base}/post");
+    buyer
+}

@@ -630,3 +630,49 @@ async fn a_lead_taken_over_after_a_lost_settle_is_finished_from_its_history(back
     assert_eq!(buyer.calls("post").len(), 2, "no post was sent again");
     assert_eq!(sales_of(&app, &sold).await, 1);
 }
+
+#[actix_web::test]
+async fn the_example_configuration_sells_to_mock_buyer() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let behaviour = leadrouter::mock_buyer::Behaviour {
+        accept_rate: 1.0,
+        latency: Duration::ZERO,
+        fail_rate: 0.0,
+        hang: false,
+    };
+    actix_web::rt::spawn(leadrouter::mock_buyer::start(listener, behaviour).unwrap());
+    let buyer = crate::buyers::example_buyer(&base);
+    let app = crate::helpers::spawn_app_adjusted(Backend::Sqlite, "", |settings| {
+        settings.buyers = vec![buyer];
+    })
+    .await;
+    let id = app
+        .submit(json!({"email": "ann@example.com", "state": "CA", "consent_text": "I agree"}))
+        .await;
+    let view = app.wait_for_state(&id, "sold").await;
+    assert_eq!(view["sold_to"], "acme");
+    let ping = &view["attempts"][0];
+    assert_eq!(ping["kind"], "ping");
+    assert!(
+        ping["response_body"]
+            .as_str()
+            .unwrap()
+            .contains("\"ping_id\""),
+        "{ping}"
+    );
+    let post = view["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|attempt| attempt["kind"] == "post")
+        .unwrap()["request"]["body"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        post.contains("\"ping_id\": \"P-"),
+        "the ping's id is posted: {post}"
+    );
+    assert!(view["price"].as_f64().unwrap() >= 5.0, "{view}");
+}
