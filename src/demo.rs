@@ -1,12 +1,14 @@
 //! `leadrouter demo`: the service on an embedded configuration (SQLite in
-//! `data/demo/`), three simulated buyers on loopback ports, and a demo form
-//! page at `/demo`, so a newcomer sees leads go in and get sold, and the
-//! operators' status page at `/status`.
+//! `data/demo/`), three simulated buyers and a manager inbox (a required
+//! notify channel, `demo_inbox`) on loopback ports, and a demo form page at
+//! `/demo` using `form.js`, so a newcomer sees leads go in, get accepted
+//! when the manager confirms and get sold, and the operators' status page
+//! at `/status`.
 
 use actix_web::{web, HttpResponse};
 
 use crate::startup::Application;
-use crate::{config, mock_buyer};
+use crate::{config, demo_inbox, mock_buyer};
 
 /// The demo's configuration, shipped inside the binary.
 const DEMO_CONFIG: &str = include_str!("../config/demo.toml");
@@ -35,10 +37,15 @@ pub async fn run() -> anyhow::Result<()> {
         actix_web::rt::spawn(mock_buyer::start(listener, behaviour)?);
         buyers_toml.push_str(&demo_buyer_toml(id, priority, &base, with_ping));
     }
-    let settings = config::parse(&format!("{DEMO_CONFIG}\n{buyers_toml}"), |name| {
-        std::env::var(name).ok()
-    })
-    .map_err(|problems| anyhow::anyhow!("demo configuration: {problems:?}"))?;
+    let inbox_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let inbox = format!("http://{}", inbox_listener.local_addr()?);
+    actix_web::rt::spawn(demo_inbox::start(inbox_listener)?);
+    let notify_toml = format!(
+        "[[notify]]\nid = \"manager\"\nrole = \"manager\"\nurl = \"{inbox}/hook\"\ntimeout = \"3s\"\nrequired = true\nretry_backoff = \"5s\"\n"
+    );
+    let text = format!("{DEMO_CONFIG}\n{buyers_toml}\n{notify_toml}");
+    let settings = config::parse(&text, |name| std::env::var(name).ok())
+        .map_err(|problems| anyhow::anyhow!("demo configuration: {problems:?}"))?;
     let token = settings
         .server
         .admin_token
@@ -47,15 +54,36 @@ pub async fn run() -> anyhow::Result<()> {
         .unwrap_or_default();
     let application = Application::build_with(settings, demo_routes).await?;
     let base = format!("http://127.0.0.1:{}", application.port());
-    println!("leadrouter demo is running");
-    println!("  demo form:    {base}/demo");
-    println!("  status page:  {base}/status  (admin token for the review queue: {token})");
-    println!("  buyers:        curl -s -H 'Authorization: Bearer {token}' {base}/v1/buyers");
-    println!("  a lead by API: curl -s -X POST '{base}/v1/leads?source=website' -H 'Content-Type: application/json' -d '{{\"email\":\"ann@example.com\",\"phone\":\"555-010-9999\",\"state\":\"CA\"}}'");
-    println!("  leads (admin): curl -s -H 'Authorization: Bearer {token}' {base}/v1/leads");
-    println!("  review queue:  curl -s -H 'Authorization: Bearer {token}' {base}/v1/review");
+    // The banner comes last, after the servers' start-up lines.
+    actix_web::rt::spawn(async move {
+        wait_until_serving(&base).await;
+        println!("\nleadrouter demo is running");
+        println!("  demo form:     {base}/demo");
+        println!("  manager inbox: {inbox}/   (stop it to watch a lead stay pending)");
+        println!("  status page:   {base}/status  (admin token for the review queue: {token})");
+        println!("  buyers:        curl -s -H 'Authorization: Bearer {token}' {base}/v1/buyers");
+        println!("  a lead by API: curl -s -X POST '{base}/v1/leads?source=website' -H 'Content-Type: application/json' -d '{{\"email\":\"ann@example.com\",\"phone\":\"555-010-9999\",\"state\":\"CA\"}}'");
+        println!("  leads (admin): curl -s -H 'Authorization: Bearer {token}' {base}/v1/leads");
+        println!("  review queue:  curl -s -H 'Authorization: Bearer {token}' {base}/v1/review");
+        println!("  release check: LEADROUTER_ADMIN_TOKEN={token} leadrouter verify-release --url {base} --source website");
+    });
     application.run_until_stopped().await?;
     Ok(())
+}
+
+/// Waits until the service answers `/healthz` (a moment after it starts).
+async fn wait_until_serving(base: &str) {
+    let client = awc::Client::default();
+    for _ in 0..100 {
+        if let Ok(response) = client.get(format!("{base}/healthz")).send().await {
+            if response.status().is_success() {
+                // The workers' start-up lines are printed by now.
+                actix_web::rt::time::sleep(std::time::Duration::from_millis(200)).await;
+                return;
+            }
+        }
+        actix_web::rt::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// A demo buyer shaped like BUYER-CONVENTIONS' Medicare-style ping/post API.

@@ -29,6 +29,7 @@ pub mod buyer;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod demo_inbox;
 pub mod domain;
 pub mod metrics;
 pub mod mock_buyer;

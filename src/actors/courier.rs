@@ -73,9 +73,10 @@ impl Confirmations {
 }
 
 /// A channel's health as the status page shows it.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, utoipa::ToSchema)]
 pub struct ChannelHealth {
     pub id: String,
+    /// `webhook`, `slack`, `telegram`, `email`, or `events` for a sink.
     pub kind: String,
     pub role: Option<String>,
     pub required: bool,
@@ -127,6 +128,17 @@ impl Couriers {
             confirmations: environment.confirmations.clone(),
             board: environment.board.clone(),
         }
+    }
+
+    /// Every channel's and sink's health, in configuration order.
+    pub fn health(&self, settings: &crate::config::Settings) -> Vec<ChannelHealth> {
+        let ids = settings
+            .notify
+            .iter()
+            .map(|channel| channel.id.as_str())
+            .chain(settings.events.iter().map(|sink| sink.id.as_str()));
+        ids.filter_map(|id| self.board.get(id).map(|health| health.clone()))
+            .collect()
     }
 
     /// Hands stored leads to every notify channel now.

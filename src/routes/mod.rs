@@ -21,6 +21,7 @@ use actix_web::{web, HttpResponse};
 
 pub use auth::{secrets_equal, Admin};
 pub use error::ApiError;
+pub use form_page::escape as escape_html;
 pub use openapi::ApiDoc;
 
 use crate::actors::Tree;

@@ -14,6 +14,7 @@ use super::buyers::{live_buyer_views, BuyerView};
 use super::error::ErrorBody;
 use super::report::start_of_day;
 use super::{Admin, ApiError, AppState};
+use crate::actors::courier::ChannelHealth;
 use crate::domain::LeadState;
 use crate::metrics::Snapshot;
 use crate::store::Money;
@@ -39,6 +40,9 @@ pub struct Backlog {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct StatusView {
     buyers: Vec<BuyerView>,
+    /// Each notify channel and event sink: failures since its last
+    /// confirmation, deliveries waiting and given up.
+    notify: Vec<ChannelHealth>,
     /// Null while the database is unreachable.
     leads: Option<LeadCounts>,
     /// Invalid and unknown leads; null while the database is unreachable.
@@ -94,6 +98,7 @@ pub async fn status(
     });
     Ok(HttpResponse::Ok().json(StatusView {
         buyers,
+        notify: state.tree.couriers.health(&state.settings()),
         leads,
         review,
         spool: Backlog {

@@ -31,8 +31,26 @@ function buyerRow(buyer) {
     cell("Post p50 / p95", latency(buyer.post_latency)));
 }
 
+function channelRow(channel) {
+  const cell = (label, ...content) => el("td", { "data-label": label }, ...content);
+  const health = channel.consecutive_failures > 0 ? "failing" : "ok";
+  const role = channel.role ? " (" + channel.role + (channel.required ? ", required" : "") + ")" : "";
+  return el("tr", { "data-channel": channel.id },
+    cell("Channel", el("strong", {}, channel.id), role),
+    cell("Kind", channel.kind),
+    cell("Health", el("span", { class: "circuit", "data-state": health === "ok" ? "closed" : "open" }, health)),
+    cell("Failures", String(channel.consecutive_failures)),
+    cell("In flight", String(channel.in_flight)),
+    cell("Waiting", String(channel.pending)),
+    cell("Given up", String(channel.abandoned)),
+    cell("Last confirmed", channel.last_confirmed_at
+      ? el("time", { datetime: channel.last_confirmed_at, title: channel.last_confirmed_at }, ago(channel.last_confirmed_at))
+      : "never"));
+}
+
 function draw(status) {
   document.querySelector("#buyers tbody").replaceChildren(...status.buyers.map(buyerRow));
+  document.querySelector("#notify tbody").replaceChildren(...(status.notify || []).map(channelRow));
   const counts = document.getElementById("lead-counts");
   if (status.leads) {
     counts.replaceChildren(...Object.entries(status.leads).map(([state, count]) =>

@@ -184,6 +184,19 @@ async fn a_channel_that_is_down_keeps_the_lead_pending_and_a_replay_delivers_it_
     assert_eq!(status["lead_state"], "sold");
     assert_eq!(status["manager_notified"], false);
 
+    // The status page shows the channel failing.
+    let status = app
+        .send(app.client.get(app.url("/v1/status")), "")
+        .await
+        .json();
+    let channel = &status["notify"][0];
+    assert_eq!(channel["id"], "manager");
+    assert_eq!(channel["required"], true);
+    assert!(
+        channel["consecutive_failures"].as_u64().unwrap() >= 1,
+        "{channel}"
+    );
+
     inbox.set_reply(Reply::ok());
     let second = replay(&app, "form-key-1", &lead).await;
     assert_eq!(second["replayed"], true);
@@ -200,6 +213,12 @@ async fn a_channel_that_is_down_keeps_the_lead_pending_and_a_replay_delivers_it_
     // (ticks, plans, claims) and still sent the first lead once.
     let later = id_of(&replay(&app, "form-key-2", &a_lead("dan@example.com")).await);
     wait_confirmed(&app, &later, "manager").await;
+    let status = app
+        .send(app.client.get(app.url("/v1/status")), "")
+        .await
+        .json();
+    assert_eq!(status["notify"][0]["consecutive_failures"], 0, "{status}");
+    assert!(status["notify"][0]["last_confirmed_at"].is_string());
     assert_eq!(inbox.confirmed_for(&id).len(), 1, "{:?}", inbox.received());
     let view = app.lead(&id).await;
     let tries: Vec<&Value> = view["attempts"]
