@@ -1,6 +1,6 @@
 //! The demo's manager inbox: a required notify channel on loopback with a
 //! small page listing what it received. Its page can stop it (it then
-//! answers 503, as a manager's system that is down would), so a newcomer
+//! answers 500, as a manager's system that is down would), so a newcomer
 //! watches a lead stay `pending`, and start it again to watch it flip to
 //! `accepted` when leadrouter retries.
 
@@ -41,7 +41,7 @@ pub fn start(listener: TcpListener) -> std::io::Result<Server> {
 
 async fn receive(inbox: web::Data<Inbox>, body: web::Json<Value>) -> HttpResponse {
     if inbox.stopped.load(Ordering::Relaxed) {
-        return HttpResponse::ServiceUnavailable().json(serde_json::json!({"ok": false}));
+        return HttpResponse::InternalServerError().json(serde_json::json!({"ok": false}));
     }
     let mut received = inbox.received.lock().unwrap_or_else(|p| p.into_inner());
     received.insert(0, body.into_inner());
@@ -77,7 +77,7 @@ async fn page(inbox: web::Data<Inbox>) -> HttpResponse {
         .collect();
     let (state, button) = if stopped {
         (
-            "stopped: answering 503, leads stay pending",
+            "stopped: answering 500, leads stay pending",
             "Start the inbox",
         )
     } else {

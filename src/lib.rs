@@ -42,3 +42,4 @@ pub mod spool;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+pub mod verify_release;

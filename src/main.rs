@@ -31,8 +31,29 @@ enum Command {
     Demo,
     /// Re-derive a source's normalised fields from the stored raw payloads.
     Renormalize(RenormalizeArgs),
+    /// Release evidence after a deploy: a marked test lead end to end.
+    VerifyRelease(VerifyReleaseArgs),
     /// Run a buyer API simulator (POST /ping and /post).
     MockBuyer(MockBuyerArgs),
+}
+
+#[derive(clap::Args)]
+struct VerifyReleaseArgs {
+    /// The live service, e.g. https://leads.example.com
+    #[arg(long)]
+    url: String,
+    /// The source the test lead is sent as
+    #[arg(long)]
+    source: String,
+    /// The admin token, for reading the stored lead back
+    #[arg(long, env = "LEADROUTER_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: String,
+    /// A feed source's key
+    #[arg(long, env = "LEADROUTER_SOURCE_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// How long the notify channels may take to confirm
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    wait: std::time::Duration,
 }
 
 #[derive(clap::Args)]
@@ -91,6 +112,15 @@ fn main() -> ExitCode {
         Command::Migrate(arg) => run(migrate(arg.path())),
         Command::Demo => run(leadrouter::demo::run()),
         Command::Renormalize(args) => run(renormalize(args)),
+        Command::VerifyRelease(args) => run(leadrouter::verify_release::run(
+            leadrouter::verify_release::Check {
+                url: args.url,
+                source: args.source,
+                admin_token: args.admin_token,
+                api_key: args.api_key,
+                wait: args.wait,
+            },
+        )),
         Command::MockBuyer(args) => {
             let behaviour = leadrouter::mock_buyer::Behaviour {
                 accept_rate: args.accept_rate,

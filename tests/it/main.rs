@@ -15,6 +15,7 @@ mod intake;
 mod notify;
 mod reads;
 mod recovery;
+mod release;
 mod routing;
 mod selling;
 mod status_page;
