@@ -226,6 +226,7 @@ pub async fn list(
     let filter = LeadFilter {
         states,
         set_aside: false,
+        undelivered: false,
         source: query.source.filter(|source| !source.is_empty()),
         limit: page_size(query.limit),
         cursor: query.cursor,
@@ -260,6 +261,7 @@ pub async fn review(
     let filter = LeadFilter {
         states: vec![LeadState::Invalid, LeadState::Unknown],
         set_aside: true,
+        undelivered: true,
         source: None,
         limit: page_size(query.limit),
         cursor: query.cursor,

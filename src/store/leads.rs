@@ -57,6 +57,9 @@ pub struct LeadFilter {
     pub states: Vec<LeadState>,
     /// Leads set aside after routing failures too (the review queue).
     pub set_aside: bool,
+    /// Leads with a delivery given up after a day of tries too (the
+    /// review queue).
+    pub undelivered: bool,
     pub source: Option<String>,
     pub limit: u64,
     /// The last id of the previous page.
@@ -190,6 +193,9 @@ impl Store {
             if filter.set_aside {
                 wanted = wanted.add(lead::Column::SetAsideReason.is_not_null());
             }
+            if filter.undelivered {
+                wanted = wanted.add(lead::Column::Id.in_subquery(abandoned_deliveries()));
+            }
             query = query.filter(wanted);
         }
         if let Some(source) = &filter.source {
@@ -281,6 +287,16 @@ fn lead_row(new: &NewLead) -> lead::Model {
     }
 }
 
+/// The leads with a delivery given up after a day of tries.
+fn abandoned_deliveries() -> sea_orm::sea_query::SelectStatement {
+    use sea_orm::QueryTrait;
+    entity::delivery::Entity::find()
+        .select_only()
+        .column(entity::delivery::Column::LeadId)
+        .filter(entity::delivery::Column::State.eq(super::DeliveryState::Abandoned.as_str()))
+        .into_query()
+}
+
 /// The acceptance contract of a stored lead row. With a required notify
 /// channel configured, it is `accepted` only once one confirmed
 /// (`accepted_at`).
@@ -333,10 +349,19 @@ impl Store {
             .collect())
     }
 
-    /// Leads set aside for review after routing failures.
+    /// Leads in the review queue besides invalid and unknown ones: set
+    /// aside after routing failures, or with a delivery given up.
     pub async fn set_aside_count(&self) -> Result<u64, DbErr> {
         lead::Entity::find()
-            .filter(lead::Column::SetAsideReason.is_not_null())
+            .filter(lead::Column::State.is_not_in([
+                LeadState::Invalid.as_str(),
+                LeadState::Unknown.as_str(),
+            ]))
+            .filter(
+                Condition::any()
+                    .add(lead::Column::SetAsideReason.is_not_null())
+                    .add(lead::Column::Id.in_subquery(abandoned_deliveries())),
+            )
             .count(&self.db)
             .await
     }

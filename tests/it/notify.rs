@@ -20,6 +20,7 @@ on_both_databases!(
     a_later_confirmation_flips_the_contract_to_accepted,
     a_channel_that_is_down_keeps_the_lead_pending_and_a_replay_delivers_it_once,
     two_instances_never_notify_one_lead_twice,
+    a_delivery_given_up_after_a_day_alerts_and_waits_in_the_review_queue,
     events_are_sent_once_each_and_never_accepted_for_a_pending_lead,
     unsold_and_unknown_leads_are_announced,
     slack_telegram_and_email_channels_deliver_readable_messages,
@@ -261,6 +262,73 @@ async fn two_instances_never_notify_one_lead_twice(backend: Backend) {
         ids.len() + 1,
         "no try beyond one each"
     );
+}
+
+async fn a_delivery_given_up_after_a_day_alerts_and_waits_in_the_review_queue(backend: Backend) {
+    use entity::delivery;
+    use sea_orm::sea_query::Expr;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+
+    let inbox = TestInbox::start(Reply::status(500));
+    let config = manager_channel(&inbox, "0s").replace("retry_backoff = \"1h\"", "retry_backoff = \"100ms\"");
+    let app = spawn_app_with(backend, &config).await;
+    let lead = a_lead("ike@example.com");
+    let id = id_of(&replay(&app, "given-up", &lead).await);
+    wait_until("a failed try", WAIT, || async { !inbox.received().is_empty() }).await;
+
+    // A day has passed since the delivery was planned: the next failed
+    // try is the last.
+    let day_ago = chrono::Utc::now() - chrono::Duration::hours(25);
+    delivery::Entity::update_many()
+        .col_expr(delivery::Column::CreatedAt, Expr::value(day_ago))
+        .filter(delivery::Column::LeadId.eq(id.as_str()))
+        .exec(app.store.connection())
+        .await
+        .unwrap();
+    wait_until("the delivery to be given up", WAIT, || async {
+        app.lead(&id).await["deliveries"][0]["state"] == "abandoned"
+    })
+    .await;
+    let tries = inbox.received().len();
+    let alerts = app.admin_get("/v1/alerts").await.json();
+    assert!(
+        alerts["alerts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|alert| alert["kind"] == "delivery_failed" && alert["lead_id"] == id.as_str()),
+        "{alerts}"
+    );
+    let review = app.admin_get("/v1/review").await.json();
+    assert!(
+        review["leads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|listed| listed["id"] == id.as_str()),
+        "{review}"
+    );
+    let status = app.send(app.client.get(app.url("/v1/status")), "").await.json();
+    assert_eq!(status["review"]["pending"], 1, "{status}");
+    assert_eq!(status_of(&app, &id).await["acceptance"], "pending");
+
+    // Given up means no more tries until an operator acts: a replay once
+    // the channel is back delivers it.
+    let later = id_of(&replay(&app, "given-up-later", &a_lead("jon@example.com")).await);
+    wait_until("the later lead's first try", WAIT, || async {
+        inbox.received().iter().any(|call| call.json()["lead_id"] == later.as_str())
+    })
+    .await;
+    let given_up = inbox
+        .received()
+        .iter()
+        .filter(|call| call.json()["lead_id"] == id.as_str())
+        .count();
+    assert_eq!(given_up, tries, "no try after giving up");
+    inbox.set_reply(Reply::ok());
+    replay(&app, "given-up", &lead).await;
+    wait_confirmed(&app, &id, "manager").await;
+    assert_eq!(status_of(&app, &id).await["acceptance"], "accepted");
 }
 
 /// Event sink `events-1` at `sink` for every lifecycle event.
