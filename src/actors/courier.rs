@@ -41,7 +41,7 @@ const GIVE_UP_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// A backoff never grows past this.
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 /// A claim outlives its try's timeout by this much.
-const LEASE_MARGIN: Duration = Duration::from_secs(30);
+const LEASE_MARGIN: Duration = Duration::from_secs(5);
 /// Tries of a confirmation's write before giving up (the row is then
 /// sent again after its lease: at least once, never lost).
 const CONFIRM_WRITES: u32 = 3;

@@ -353,10 +353,10 @@ impl Store {
     /// aside after routing failures, or with a delivery given up.
     pub async fn set_aside_count(&self) -> Result<u64, DbErr> {
         lead::Entity::find()
-            .filter(lead::Column::State.is_not_in([
-                LeadState::Invalid.as_str(),
-                LeadState::Unknown.as_str(),
-            ]))
+            .filter(
+                lead::Column::State
+                    .is_not_in([LeadState::Invalid.as_str(), LeadState::Unknown.as_str()]),
+            )
             .filter(
                 Condition::any()
                     .add(lead::Column::SetAsideReason.is_not_null())

@@ -21,6 +21,7 @@ on_both_databases!(
     a_channel_that_is_down_keeps_the_lead_pending_and_a_replay_delivers_it_once,
     two_instances_never_notify_one_lead_twice,
     a_delivery_given_up_after_a_day_alerts_and_waits_in_the_review_queue,
+    kill_9_mid_delivery_sends_every_lead_and_none_confirmed_twice,
     events_are_sent_once_each_and_never_accepted_for_a_pending_lead,
     unsold_and_unknown_leads_are_announced,
     slack_telegram_and_email_channels_deliver_readable_messages,
@@ -29,12 +30,17 @@ on_both_databases!(
 const WAIT: Duration = Duration::from_secs(20);
 
 /// A required manager channel at `inbox` (retries an hour apart, so a test
-/// sees only the tries it causes) and `accept_wait`.
-fn manager_channel(inbox: &TestInbox, accept_wait: &str) -> String {
+/// sees only the tries it causes).
+fn manager_channel(inbox: &TestInbox) -> String {
     format!(
-        "\n[intake]\naccept_wait = \"{accept_wait}\"\n\n[[notify]]\nid = \"manager\"\nrole = \"manager\"\nurl = \"{}/hook\"\ntimeout = \"3s\"\nrequired = true\nretry_backoff = \"1h\"\n",
+        "\n[[notify]]\nid = \"manager\"\nrole = \"manager\"\nurl = \"{}/hook\"\ntimeout = \"3s\"\nrequired = true\nretry_backoff = \"1h\"\n",
         inbox.base
     )
+}
+
+/// `intake.accept_wait`.
+fn accept_wait(wait: &str) -> String {
+    format!("\n[intake]\naccept_wait = \"{wait}\"\n")
 }
 
 fn a_lead(email: &str) -> Value {
@@ -94,8 +100,9 @@ async fn a_required_channel_accepts_the_lead_within_accept_wait(backend: Backend
     let inbox = TestInbox::start(Reply::ok());
     let buyer = TestBuyer::start(accept(), accept());
     let config = format!(
-        "{}{}",
-        manager_channel(&inbox, "5s"),
+        "{}{}{}",
+        accept_wait("5s"),
+        manager_channel(&inbox),
         BuyerConfig::new("acme", 1).toml(&buyer.base)
     );
     let app = spawn_app_with(backend, &config).await;
@@ -137,7 +144,11 @@ async fn a_required_channel_accepts_the_lead_within_accept_wait(backend: Backend
 
 async fn a_later_confirmation_flips_the_contract_to_accepted(backend: Backend) {
     let inbox = TestInbox::start(Reply::ok().after(Duration::from_millis(1500)));
-    let app = spawn_app_with(backend, &manager_channel(&inbox, "200ms")).await;
+    let app = spawn_app_with(
+        backend,
+        &format!("{}{}", accept_wait("200ms"), manager_channel(&inbox)),
+    )
+    .await;
 
     let answer = app.post_form_lead(&a_lead("bob@example.com")).await;
     assert_eq!(answer.status, 202, "{}", answer.text());
@@ -164,7 +175,7 @@ async fn a_channel_that_is_down_keeps_the_lead_pending_and_a_replay_delivers_it_
     let buyer = TestBuyer::start(accept(), accept());
     let config = format!(
         "{}{}",
-        manager_channel(&inbox, "0s"),
+        manager_channel(&inbox),
         BuyerConfig::new("acme", 1).toml(&buyer.base)
     );
     let app = spawn_app_with(backend, &config).await;
@@ -235,7 +246,7 @@ async fn a_channel_that_is_down_keeps_the_lead_pending_and_a_replay_delivers_it_
 
 async fn two_instances_never_notify_one_lead_twice(backend: Backend) {
     let inbox = TestInbox::start(Reply::ok().after(Duration::from_millis(100)));
-    let config = manager_channel(&inbox, "0s");
+    let config = manager_channel(&inbox);
     let first = spawn_app_with(backend, &config).await;
     let second = spawn_instance_of(&first, &config, |_| {}).await;
 
@@ -270,11 +281,15 @@ async fn a_delivery_given_up_after_a_day_alerts_and_waits_in_the_review_queue(ba
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
     let inbox = TestInbox::start(Reply::status(500));
-    let config = manager_channel(&inbox, "0s").replace("retry_backoff = \"1h\"", "retry_backoff = \"100ms\"");
+    let config =
+        manager_channel(&inbox).replace("retry_backoff = \"1h\"", "retry_backoff = \"100ms\"");
     let app = spawn_app_with(backend, &config).await;
     let lead = a_lead("ike@example.com");
     let id = id_of(&replay(&app, "given-up", &lead).await);
-    wait_until("a failed try", WAIT, || async { !inbox.received().is_empty() }).await;
+    wait_until("a failed try", WAIT, || async {
+        !inbox.received().is_empty()
+    })
+    .await;
 
     // A day has passed since the delivery was planned: the next failed
     // try is the last.
@@ -308,7 +323,10 @@ async fn a_delivery_given_up_after_a_day_alerts_and_waits_in_the_review_queue(ba
             .any(|listed| listed["id"] == id.as_str()),
         "{review}"
     );
-    let status = app.send(app.client.get(app.url("/v1/status")), "").await.json();
+    let status = app
+        .send(app.client.get(app.url("/v1/status")), "")
+        .await
+        .json();
     assert_eq!(status["review"]["pending"], 1, "{status}");
     assert_eq!(status_of(&app, &id).await["acceptance"], "pending");
 
@@ -316,7 +334,10 @@ async fn a_delivery_given_up_after_a_day_alerts_and_waits_in_the_review_queue(ba
     // the channel is back delivers it.
     let later = id_of(&replay(&app, "given-up-later", &a_lead("jon@example.com")).await);
     wait_until("the later lead's first try", WAIT, || async {
-        inbox.received().iter().any(|call| call.json()["lead_id"] == later.as_str())
+        inbox
+            .received()
+            .iter()
+            .any(|call| call.json()["lead_id"] == later.as_str())
     })
     .await;
     let given_up = inbox
@@ -329,6 +350,59 @@ async fn a_delivery_given_up_after_a_day_alerts_and_waits_in_the_review_queue(ba
     replay(&app, "given-up", &lead).await;
     wait_confirmed(&app, &id, "manager").await;
     assert_eq!(status_of(&app, &id).await["acceptance"], "accepted");
+}
+
+async fn kill_9_mid_delivery_sends_every_lead_and_none_confirmed_twice(backend: Backend) {
+    use crate::process::{Service, ServiceConfig};
+    use crate::scratch_db::TestDatabase;
+    use entity::delivery;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+
+    let database = TestDatabase::create(backend).await;
+    let inbox = TestInbox::start(Reply::ok().after(Duration::from_millis(200)));
+    let config = ServiceConfig::write(&database.url, "2s", &manager_channel(&inbox));
+    let mut service = Service::start(&config).await;
+    let mut ids = Vec::new();
+    for n in 0..12 {
+        let answer = service
+            .app
+            .post_form_lead(&a_lead(&format!("k{n}@example.com")))
+            .await;
+        assert_eq!(answer.status, 202, "{}", answer.text());
+        ids.push(id_of(&answer.json()));
+    }
+    wait_until("some confirmations", WAIT, || async {
+        inbox.received().len() >= 3
+    })
+    .await;
+    service.kill_9();
+    // What the database says was confirmed when the process died.
+    let confirmed_before: Vec<String> = delivery::Entity::find()
+        .filter(delivery::Column::State.eq("confirmed"))
+        .all(service.app.store.connection())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|row| row.lead_id)
+        .collect();
+    assert!(!confirmed_before.is_empty() && confirmed_before.len() < ids.len());
+
+    let service = Service::start(&config).await;
+    for id in &ids {
+        wait_until(
+            &format!("lead {id} to be accepted"),
+            Duration::from_secs(40),
+            || async { status_of(&service.app, id).await["acceptance"] == "accepted" },
+        )
+        .await;
+    }
+    for id in &ids {
+        let confirmations = inbox.confirmed_for(id).len();
+        assert!(confirmations >= 1, "lead {id} never delivered");
+        if confirmed_before.contains(id) {
+            assert_eq!(confirmations, 1, "lead {id} was confirmed before the crash");
+        }
+    }
 }
 
 /// Event sink `events-1` at `sink` for every lifecycle event.
@@ -358,7 +432,7 @@ async fn events_are_sent_once_each_and_never_accepted_for_a_pending_lead(backend
     let buyer = TestBuyer::start(accept(), accept());
     let config = format!(
         "{}{}{}",
-        manager_channel(&manager, "0s"),
+        manager_channel(&manager),
         event_sink(&sink),
         BuyerConfig::new("acme", 1).toml(&buyer.base)
     );
