@@ -12,7 +12,8 @@ use crate::{config, demo_inbox, mock_buyer};
 
 /// The demo's configuration, shipped inside the binary.
 const DEMO_CONFIG: &str = include_str!("../config/demo.toml");
-const DEMO_FORM: &str = include_str!("demo_form.html");
+/// The demo form page (relative URLs: served by leadrouter itself).
+pub const DEMO_FORM: &str = include_str!("demo_form.html");
 
 /// The demo buyers: (id, has a ping, accept rate, latency, failure rate).
 const DEMO_BUYERS: [(&str, bool, f64, u64, f64); 3] = [

@@ -2,6 +2,7 @@
 //! scenario that touches the database runs on SQLite and on PostgreSQL
 //! through one parameter (see `on_both_databases!`).
 
+mod browser;
 mod buyers;
 mod helpers;
 mod inbox;
@@ -11,6 +12,7 @@ mod scratch_db;
 mod admin;
 mod config;
 mod distribution;
+mod form_helper;
 mod intake;
 mod notify;
 mod reads;

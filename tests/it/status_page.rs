@@ -4,12 +4,11 @@
 //! without a reload when a buyer fails. The test keeps screenshots in
 //! `target/artifacts/`.
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use base64::Engine;
 use serde_json::{json, Value};
 
+use crate::browser::Browser;
 use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
 use crate::helpers::{spawn_app_with, wait_until, Backend, ADMIN_TOKEN};
 use crate::on_both_databases;
@@ -110,132 +109,9 @@ async fn status_and_metrics_report_buyers_leads_and_the_spool(backend: Backend) 
     assert_eq!(missing.status, 404);
 }
 
-/// A chromedriver child process and one headless Chromium session.
-struct Browser {
-    driver: Child,
-    base: String,
-    session: String,
-    client: awc::Client,
-}
-
-impl Browser {
-    async fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let driver = Command::new("chromedriver")
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("chromedriver must be installed (Debian: chromium chromium-driver; .ci/run installs them)");
-        let base = format!("http://127.0.0.1:{port}");
-        let client = awc::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .finish();
-        wait_until("chromedriver to answer", Duration::from_secs(20), || {
-            let request = client.get(format!("{base}/status"));
-            async move { request.send().await.is_ok() }
-        })
-        .await;
-        let mut browser = Self {
-            driver,
-            base,
-            session: String::new(),
-            client,
-        };
-        let session = browser
-            .call(
-                "POST",
-                "/session",
-                json!({"capabilities": {"alwaysMatch": {
-                    "browserName": "chrome",
-                    "goog:chromeOptions": {
-                        "binary": "/usr/bin/chromium",
-                        "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"]
-                    }
-                }}}),
-            )
-            .await;
-        browser.session = session["sessionId"]
-            .as_str()
-            .expect("a session")
-            .to_string();
-        browser
-    }
-
-    async fn call(&self, method: &str, path: &str, body: Value) -> Value {
-        let url = format!("{}{path}", self.base);
-        let request = match method {
-            "GET" => self.client.get(url),
-            "DELETE" => self.client.delete(url),
-            _ => self.client.post(url),
-        };
-        let mut response = if method == "POST" {
-            request.send_json(&body).await
-        } else {
-            request.send().await
-        }
-        .expect("chromedriver answers");
-        let answer: Value = response
-            .json()
-            .limit(64 * 1024 * 1024)
-            .await
-            .expect("WebDriver JSON");
-        answer["value"].clone()
-    }
-
-    async fn session_call(&self, method: &str, path: &str, body: Value) -> Value {
-        self.call(method, &format!("/session/{}{path}", self.session), body)
-            .await
-    }
-
-    async fn open(&self, url: &str) {
-        self.session_call("POST", "/url", json!({ "url": url }))
-            .await;
-    }
-
-    async fn run(&self, script: &str) -> Value {
-        self.session_call(
-            "POST",
-            "/execute/sync",
-            json!({"script": script, "args": []}),
-        )
-        .await
-    }
-
-    /// `[[buyer id, data-state, words], ...]` as the page shows them.
-    async fn circuits(&self) -> Value {
-        self.run("return Array.from(document.querySelectorAll('#buyers tr[data-buyer]')).map(row => [row.dataset.buyer, row.querySelector('.circuit').dataset.state, row.querySelector('.circuit').textContent])").await
-    }
-
-    async fn screenshot(&self, name: &str) {
-        let png = self.session_call("GET", "/screenshot", Value::Null).await;
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(png.as_str().expect("a PNG"))
-            .expect("base64 PNG");
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/artifacts");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(name), bytes).unwrap();
-    }
-
-    async fn resize(&self, width: u32, height: u32) {
-        self.session_call(
-            "POST",
-            "/window/rect",
-            json!({"width": width, "height": height}),
-        )
-        .await;
-    }
-}
-
-impl Drop for Browser {
-    fn drop(&mut self) {
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
-    }
+/// `[[buyer id, data-state, words], ...]` as the status page shows them.
+async fn circuits(browser: &Browser) -> Value {
+    browser.run("return Array.from(document.querySelectorAll('#buyers tr[data-buyer]')).map(row => [row.dataset.buyer, row.querySelector('.circuit').dataset.state, row.querySelector('.circuit').textContent])").await
 }
 
 #[actix_web::test]
@@ -262,7 +138,7 @@ async fn the_status_page_shows_a_circuit_opening_without_a_reload() {
         "the page to show both buyers closed",
         Duration::from_secs(20),
         || async {
-            browser.circuits().await
+            circuits(&browser).await
                 == json!([
                     ["flaky", "closed", "closed"],
                     ["steady", "closed", "closed"]
@@ -282,7 +158,7 @@ async fn the_status_page_shows_a_circuit_opening_without_a_reload() {
     wait_until(
         "the page to show flaky open",
         Duration::from_secs(20),
-        || async { browser.circuits().await[0] == json!(["flaky", "open", "open"]) },
+        || async { circuits(&browser).await[0] == json!(["flaky", "open", "open"]) },
     )
     .await;
     let shown = browser.run("return document.body.innerText").await;
