@@ -179,6 +179,8 @@ async fn drain_journal(
             }
         }
         targets.route_to.do_send(RouteLeads { lead_ids: routable });
+        let stored: Vec<String> = leads.iter().map(|lead| lead.id.clone()).collect();
+        targets.couriers.deliver(&stored);
     }
     let moved = leads.len();
     let spool = targets.spool.clone();

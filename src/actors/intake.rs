@@ -69,6 +69,9 @@ pub struct IntakeTargets {
     pub spool: Spool,
     /// Where stored, routable leads go (the router).
     pub route_to: Recipient<RouteLeads>,
+    /// The notify channels, for leads the spool drainer stores (intake's
+    /// own are handed over by the HTTP handler, which may wait for them).
+    pub couriers: super::courier::Couriers,
     pub alerts: Alerts,
 }
 

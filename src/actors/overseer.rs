@@ -166,6 +166,7 @@ impl Overseer {
             spool: spool.clone(),
             route_to: router.clone().recipient(),
             alerts,
+            couriers: couriers.clone(),
         };
         let intake = {
             let (targets, rules, restarts) = (targets.clone(), rules.clone(), restarts.clone());
