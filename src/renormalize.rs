@@ -59,7 +59,7 @@ pub async fn run(settings: &Settings, source_id: &str, since: Duration) -> anyho
         after = Some(last.id.clone());
         for lead in page {
             report.examined += 1;
-            let (fields, errors) = derive(&lead, source);
+            let (fields, errors) = derive(&lead, source, settings.intake.max_field_chars);
             let old_errors: Vec<FieldError> =
                 serde_json::from_value(lead.errors.clone()).unwrap_or_default();
             if Value::Object(fields.clone()) == lead.fields && errors == old_errors {
@@ -87,6 +87,7 @@ pub async fn run(settings: &Settings, source_id: &str, since: Duration) -> anyho
 fn derive(
     lead: &entity::lead::Model,
     source: &crate::config::SourceSettings,
+    max_field_chars: usize,
 ) -> (Map<String, Value>, Vec<FieldError>) {
     let content_type =
         (!lead.raw_content_type.is_empty()).then_some(lead.raw_content_type.as_str());
@@ -98,6 +99,6 @@ fn derive(
         received_at: lead.received_at,
         test_header: false,
     };
-    let normalized = normalize_parsed(&parsed, source, &meta);
+    let normalized = normalize_parsed(&parsed, source, &meta, max_field_chars);
     (normalized.fields, normalized.errors)
 }

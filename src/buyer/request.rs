@@ -244,6 +244,19 @@ mod tests {
     }
 
     #[test]
+    fn templates_reach_flattened_nested_fields_by_their_dotted_names() {
+        let mut lead = lead();
+        lead.fields.insert("address.city".into(), json!("Austin"));
+        let body = render(
+            "<city>{{fields.address.city}}</city>",
+            "application/xml",
+            &lead,
+            &PingResult::default(),
+        );
+        assert_eq!(body, "<city>Austin</city>");
+    }
+
+    #[test]
     fn templates_escape_values_for_their_content_type() {
         let ping = PingResult {
             ping_id: Some("P9".into()),

@@ -200,6 +200,8 @@ pub struct IntakeSettings {
     #[serde(with = "humantime_serde")]
     pub duplicate_window: Duration,
     pub duplicate_keys: Vec<String>,
+    /// A longer normalised value makes the lead invalid.
+    pub max_field_chars: usize,
 }
 
 impl Settings {
@@ -237,6 +239,7 @@ impl Default for IntakeSettings {
             spool_dir: PathBuf::from("data/spool"),
             duplicate_window: Duration::from_secs(30 * 24 * 3600),
             duplicate_keys: vec!["email".into(), "phone".into()],
+            max_field_chars: 10_000,
         }
     }
 }

@@ -1,8 +1,14 @@
 //! From a parsed body to normalised fields, attribution and validation errors.
 //!
-//! Strings are trimmed, email lower-cased, phone reduced to digits. Nothing
-//! is dropped silently: anything that cannot be a field value is an error,
-//! and the raw body is kept elsewhere, so this can be re-derived at any time.
+//! Nested JSON objects are reached by dotted paths (`address.city`): a
+//! source's `[sources.fields]` maps names to them, and without a mapping
+//! every value passes through under its flattened dotted name. Arrays of
+//! scalars become comma-joined text. Strings are trimmed, email
+//! lower-cased, phone reduced to digits. Nothing is dropped silently:
+//! anything that cannot be a field value is an error (nesting deeper than
+//! 8 levels, more than 200 values, a value longer than
+//! `intake.max_field_chars`), and the raw body is kept elsewhere, so this
+//! can be re-derived at any time.
 
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
@@ -27,9 +33,13 @@ pub const ATTRIBUTION_KEYS: [&str; 11] = [
 
 /// Body keys that steer intake and are never lead fields.
 const CONTROL_KEYS: [&str; 4] = ["source", "submission_id", "test", "attribution"];
-const MAX_FIELD_CHARS: usize = 1024;
-const MAX_FIELD_NAME_CHARS: usize = 64;
-const MAX_FIELDS: usize = 100;
+/// Attribution and request facts are cut to this length, never refused.
+const MAX_ATTRIBUTION_CHARS: usize = 1024;
+/// A dotted field name may be this long.
+const MAX_FIELD_NAME_CHARS: usize = 128;
+/// Values in one lead (after flattening), and levels of nesting.
+const MAX_FIELDS: usize = 200;
+const MAX_DEPTH: usize = 8;
 const PHONE_DIGITS: std::ops::RangeInclusive<usize> = 7..=15;
 
 /// What intake knows about a request besides its body.
@@ -60,12 +70,13 @@ pub fn normalize_parsed(
     parsed: &Result<Map<String, Value>, BodyError>,
     source: &SourceSettings,
     meta: &RequestMeta,
+    max_field_chars: usize,
 ) -> Normalized {
     match parsed {
-        Ok(body) => normalize(body, source, meta),
+        Ok(body) => normalize(body, source, meta, max_field_chars),
         Err(error) => Normalized {
             errors: vec![FieldError::new("body", error.to_string())],
-            ..normalize(&Map::new(), source, meta)
+            ..normalize(&Map::new(), source, meta, max_field_chars)
         },
     }
 }
@@ -75,33 +86,87 @@ pub fn normalize(
     body: &Map<String, Value>,
     source: &SourceSettings,
     meta: &RequestMeta,
+    max_field_chars: usize,
 ) -> Normalized {
     let external_key = source.external_id.as_deref();
+    let (flat, shape_errors) = flatten(body);
+    let at_path = |path: &str| body.get(path).or_else(|| flat.get(path).copied());
     let raw_fields: Vec<(&str, &Value)> = match &source.fields {
         Some(mapping) => mapping
             .iter()
-            .filter_map(|(name, key)| body.get(key).map(|value| (name.as_str(), value)))
+            .filter_map(|(name, path)| at_path(path).map(|value| (name.as_str(), value)))
             .collect(),
-        None => body
+        None => flat
             .iter()
-            .filter(|(key, _)| {
-                !CONTROL_KEYS.contains(&key.as_str())
-                    && !ATTRIBUTION_KEYS.contains(&key.as_str())
-                    && Some(key.as_str()) != external_key
+            .filter(|(path, _)| {
+                let top = path.split('.').next().unwrap_or_default();
+                !CONTROL_KEYS.contains(&top)
+                    && !ATTRIBUTION_KEYS.contains(&path.as_str())
+                    && Some(path.as_str()) != external_key
             })
-            .map(|(key, value)| (key.as_str(), value))
+            .map(|(path, value)| (path.as_str(), *value))
             .collect(),
     };
-    let (fields, errors) = check_fields(raw_fields, &source.required);
+    let (fields, mut errors) = check_fields(raw_fields, &source.required, max_field_chars);
+    errors.splice(0..0, shape_errors);
 
     Normalized {
         fields,
         attribution: attribution(body, meta),
-        external_id: external_key.and_then(|key| key_text(body.get(key))),
+        external_id: external_key.and_then(|key| key_text(at_path(key))),
         submission_id: key_text(body.get("submission_id")),
         is_test: meta.test_header || body.get("test").is_some_and(is_truthy),
         errors,
     }
+}
+
+/// Every value of a body under its dotted path (`address.city`), in key
+/// order; arrays are values (scalars in them are joined later). Problems
+/// with the body's shape (too deep, too many values) come back as `body`
+/// errors.
+fn flatten(
+    body: &Map<String, Value>,
+) -> (std::collections::BTreeMap<String, &Value>, Vec<FieldError>) {
+    fn walk<'a>(
+        prefix: &str,
+        object: &'a Map<String, Value>,
+        depth: usize,
+        flat: &mut std::collections::BTreeMap<String, &'a Value>,
+        too_deep: &mut bool,
+    ) {
+        for (key, value) in object {
+            let path = if prefix.is_empty() {
+                key.clone()
+            } else {
+                format!("{prefix}.{key}")
+            };
+            match value {
+                Value::Object(inner) if depth >= MAX_DEPTH => {
+                    if !inner.is_empty() {
+                        *too_deep = true;
+                    }
+                }
+                Value::Object(inner) => walk(&path, inner, depth + 1, flat, too_deep),
+                _ => {
+                    flat.insert(path, value);
+                }
+            }
+            if flat.len() > MAX_FIELDS {
+                return;
+            }
+        }
+    }
+    let mut flat = std::collections::BTreeMap::new();
+    let mut too_deep = false;
+    walk("", body, 1, &mut flat, &mut too_deep);
+    let mut errors = Vec::new();
+    if too_deep {
+        errors.push(FieldError::new(
+            "body",
+            format!("nested deeper than {MAX_DEPTH} levels"),
+        ));
+    }
+    (flat, errors)
 }
 
 /// Normalises and validates named field values (as `normalize` does for a
@@ -110,13 +175,14 @@ pub fn normalize(
 pub fn check_fields<'a>(
     raw_fields: impl IntoIterator<Item = (&'a str, &'a Value)>,
     required: &[String],
+    max_field_chars: usize,
 ) -> (Map<String, Value>, Vec<FieldError>) {
     let raw_fields: Vec<(&str, &Value)> = raw_fields.into_iter().collect();
     let mut errors = Vec::new();
     if raw_fields.len() > MAX_FIELDS {
         errors.push(FieldError::new(
             "body",
-            format!("more than {MAX_FIELDS} fields"),
+            format!("more than {MAX_FIELDS} values"),
         ));
     }
 
@@ -133,8 +199,8 @@ pub fn check_fields<'a>(
         }
         match scalar_text(value) {
             Ok(None) => {}
-            Ok(Some(text)) if text.chars().count() > MAX_FIELD_CHARS => errors.push(
-                FieldError::new(name, format!("longer than {MAX_FIELD_CHARS} characters")),
+            Ok(Some(text)) if text.chars().count() > max_field_chars => errors.push(
+                FieldError::new(name, format!("longer than {max_field_chars} characters")),
             ),
             Ok(Some(text)) => match normalize_field(name, text) {
                 Ok(text) => {
@@ -184,8 +250,10 @@ fn scalar_part(value: &Value) -> Result<Option<String>, String> {
     }
 }
 
+/// Normalises by the last segment of a dotted name: `contact.email` is an
+/// email like `email`.
 fn normalize_field(name: &str, text: String) -> Result<String, String> {
-    match name {
+    match name.rsplit('.').next().unwrap_or(name) {
         "email" => {
             let email = text.to_lowercase();
             if is_email(&email) {
@@ -232,7 +300,7 @@ fn attribution(body: &Map<String, Value>, meta: &RequestMeta) -> Map<String, Val
         if let Some(text) = value.and_then(|value| scalar_text(value).ok().flatten()) {
             attribution.insert(
                 key.to_string(),
-                Value::String(truncate(&text, MAX_FIELD_CHARS)),
+                Value::String(truncate(&text, MAX_ATTRIBUTION_CHARS)),
             );
         }
     }
@@ -240,7 +308,7 @@ fn attribution(body: &Map<String, Value>, meta: &RequestMeta) -> Map<String, Val
         if let Some(referer) = &meta.referer {
             attribution.insert(
                 "referrer".into(),
-                Value::String(truncate(referer, MAX_FIELD_CHARS)),
+                Value::String(truncate(referer, MAX_ATTRIBUTION_CHARS)),
             );
         }
     }
@@ -250,7 +318,7 @@ fn attribution(body: &Map<String, Value>, meta: &RequestMeta) -> Map<String, Val
             "user_agent",
             meta.user_agent
                 .as_deref()
-                .map(|ua| truncate(ua, MAX_FIELD_CHARS)),
+                .map(|ua| truncate(ua, MAX_ATTRIBUTION_CHARS)),
         ),
         ("received_at", Some(meta.received_at.to_rfc3339())),
     ];
@@ -317,8 +385,10 @@ mod tests {
         }
     }
 
+    const LIMIT: usize = 10_000;
+
     fn run(body: Value, required: &[&str]) -> Normalized {
-        normalize(body.as_object().unwrap(), &source(required), &meta())
+        normalize(body.as_object().unwrap(), &source(required), &meta(), LIMIT)
     }
 
     #[test]
@@ -335,13 +405,68 @@ mod tests {
     }
 
     #[test]
-    fn bad_values_missing_fields_and_nested_junk_are_errors() {
+    fn bad_values_missing_fields_and_values_over_the_limit_are_errors() {
         let lead = run(
-            json!({"email": "nope", "phone": "call me", "junk": {"a": 1}, "long": "x".repeat(2000)}),
+            json!({"email": "nope", "phone": "call me", "junk": [{"a": 1}],
+                   "comment": "x".repeat(2500), "long": "x".repeat(LIMIT + 1)}),
             &["email", "zip"],
         );
         let fields: Vec<&str> = lead.errors.iter().map(|e| e.field.as_str()).collect();
         assert_eq!(fields, ["email", "junk", "long", "phone", "zip"]);
+        assert_eq!(lead.fields["comment"].as_str().unwrap().len(), 2500);
+    }
+
+    #[test]
+    fn nested_objects_are_reached_by_dotted_paths_or_pass_through_flattened() {
+        let body = json!({"contact": {"email": "Ann@Example.com", "phones": ["555", "0101"]},
+                          "address": {"city": "Austin", "geo": {"state": "TX"}}});
+        let flattened = run(body.clone(), &[]);
+        assert_eq!(flattened.errors, vec![]);
+        assert_eq!(flattened.fields["contact.email"], "ann@example.com");
+        assert_eq!(flattened.fields["contact.phones"], "555, 0101");
+        assert_eq!(flattened.fields["address.geo.state"], "TX");
+
+        let mut mapped = source(&["email", "state"]);
+        mapped.fields = Some(
+            [
+                ("email", "contact.email"),
+                ("state", "address.geo.state"),
+                ("city", "address.city"),
+            ]
+            .map(|(name, path)| (name.to_string(), path.to_string()))
+            .into(),
+        );
+        let lead = normalize(body.as_object().unwrap(), &mapped, &meta(), LIMIT);
+        assert_eq!(lead.errors, vec![]);
+        assert_eq!(
+            lead.fields,
+            json!({"email": "ann@example.com", "state": "TX", "city": "Austin"})
+                .as_object()
+                .unwrap()
+                .clone()
+        );
+    }
+
+    #[test]
+    fn too_deep_or_too_many_values_make_the_lead_invalid() {
+        let mut deep = json!({"leaf": "x"});
+        for _ in 0..8 {
+            deep = json!({"level": deep});
+        }
+        let lead = run(deep, &[]);
+        assert_eq!(lead.errors[0].field, "body");
+        assert!(
+            lead.errors[0].message.contains("deeper than 8"),
+            "{:?}",
+            lead.errors
+        );
+
+        let many: Map<String, Value> = (0..201).map(|n| (format!("k{n}"), json!(n))).collect();
+        let lead = run(Value::Object(many), &[]);
+        assert!(lead
+            .errors
+            .iter()
+            .any(|e| e.message.contains("more than 200")));
     }
 
     #[test]
@@ -366,7 +491,7 @@ mod tests {
         let mut source = source(&["email"]);
         source.fields = Some([("email".to_string(), "Email_Address".to_string())].into());
         let body = json!({"Email_Address": "X@Y.org", "other": "dropped"});
-        let lead = normalize(body.as_object().unwrap(), &source, &meta());
+        let lead = normalize(body.as_object().unwrap(), &source, &meta(), LIMIT);
         assert_eq!(
             lead.fields,
             json!({"email": "x@y.org"}).as_object().unwrap().clone()

@@ -61,7 +61,11 @@ pub async fn fix(
         .find(|source| source.id == row.source_id)
         .map(|source| source.required.clone())
         .unwrap_or_default();
-    let (fields, errors) = check_fields(merged.iter().map(|(k, v)| (k.as_str(), v)), &required);
+    let (fields, errors) = check_fields(
+        merged.iter().map(|(k, v)| (k.as_str(), v)),
+        &required,
+        state.settings().intake.max_field_chars,
+    );
     let fixed = state
         .store
         .fix_invalid_lead(&row.id, fields, &errors, &state.settings().duplicate_rule())

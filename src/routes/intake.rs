@@ -85,6 +85,7 @@ pub async fn submit(
         parsed.clone(),
         request_meta(&request),
         header_key,
+        settings.intake.max_field_chars,
     );
     let contract = store_lead(&state, lead).await;
 
@@ -134,6 +135,7 @@ pub async fn submit_batch(
 ) -> Result<HttpResponse, ApiError> {
     let settings = state.settings();
     let max_lead_bytes = settings.server.max_body_bytes;
+    let max_lead_chars = settings.intake.max_field_chars;
     let body = read_body(&request, payload, max_lead_bytes * BATCH_BODY_FACTOR).await?;
     let source = match header_text(&request, "x-api-key") {
         Some(key) => feed_for_key(&settings, &key)?,
@@ -166,6 +168,7 @@ pub async fn submit_batch(
                 broken,
                 meta,
                 None,
+                max_lead_chars,
             );
             let contract = store_lead(&state, lead).await;
             let status = status_of(&contract);
@@ -201,6 +204,7 @@ pub async fn submit_batch(
                 parsed,
                 meta,
                 None,
+                max_lead_chars,
             );
             let contract = store_lead(&state, lead).await;
             contract_json(&contract, status_of(&contract))
@@ -288,8 +292,9 @@ fn build_lead(
     parsed: Result<Map<String, Value>, BodyError>,
     meta: RequestMeta,
     header_key: Option<String>,
+    max_field_chars: usize,
 ) -> NewLead {
-    let normalized = normalize_parsed(&parsed, source, &meta);
+    let normalized = normalize_parsed(&parsed, source, &meta, max_field_chars);
     let errors = normalized.errors.clone();
     NewLead {
         id: new_id(),

@@ -24,6 +24,7 @@ on_both_databases!(
     a_browser_form_post_is_redirected_or_shown_a_page,
     a_source_over_its_rate_limit_gets_429_with_retry_after,
     a_batch_judges_each_lead_on_its_own,
+    nested_partner_feeds_are_mapped_by_dotted_paths_or_pass_through_flattened,
 );
 
 async fn a_valid_lead_is_stored_and_accepted_at_once(backend: Backend) {
@@ -521,4 +522,88 @@ async fn nul_characters_are_stored_not_refused(backend: Backend) {
         body,
         "raw kept as sent"
     );
+}
+
+async fn nested_partner_feeds_are_mapped_by_dotted_paths_or_pass_through_flattened(
+    backend: Backend,
+) {
+    use crate::buyers::{accept, BuyerConfig, TestBuyer};
+
+    let buyer = TestBuyer::start(accept(), accept());
+    let texas_only = BuyerConfig {
+        extra: "filters = { state = [\"TX\"] }",
+        ..BuyerConfig::new("acme", 1)
+    }
+    .toml(&buyer.base);
+    let app = crate::helpers::spawn_app_adjusted(backend, &texas_only, |settings| {
+        let partner = &mut settings.sources[1];
+        partner.required = vec!["email".into(), "state".into()];
+        partner.fields = Some(
+            [
+                ("email", "contact.email"),
+                ("phone", "contact.phone"),
+                ("state", "address.geo.state"),
+                ("city", "address.city"),
+                ("comment", "comment"),
+            ]
+            .map(|(name, path)| (name.to_string(), path.to_string()))
+            .into(),
+        );
+    })
+    .await;
+
+    // A provider's nested shape, mapped by dotted paths: valid and sold by
+    // a buyer whose filter reads the mapped field.
+    let answer = app
+        .post_feed_lead(&json!({
+            "lead_id": "nested-1",
+            "contact": {"email": "Ann@Example.com", "phone": "555-010-9999"},
+            "address": {"city": "Austin", "geo": {"state": "TX"}},
+            "comment": "c".repeat(2500),
+        }))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let id = answer.json()["submission_id"].as_str().unwrap().to_string();
+    let view = app.wait_for_state(&id, "sold").await;
+    assert_eq!(view["fields"]["email"], "ann@example.com");
+    assert_eq!(view["fields"]["state"], "TX");
+    assert_eq!(view["fields"]["city"], "Austin");
+    assert_eq!(view["fields"]["comment"].as_str().unwrap().len(), 2500);
+    let posted: Value = serde_json::from_str(&buyer.calls("post")[0].body).unwrap();
+    assert_eq!(posted["fields"]["city"], "Austin");
+
+    // A form that maps nothing: nested values pass through flattened.
+    let answer = app
+        .post_form_lead(
+            &json!({"email": "bob@example.com", "address": {"city": "Reno", "zip": 89501}}),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let id = answer.json()["submission_id"].as_str().unwrap().to_string();
+    let view = app.lead(&id).await;
+    assert_eq!(view["fields"]["address.city"], "Reno");
+    assert_eq!(view["fields"]["address.zip"], "89501");
+
+    // Nesting deeper than 8 levels: stored, invalid, in review.
+    let mut deep = json!({"leaf": "x"});
+    for _ in 0..8 {
+        deep = json!({"level": deep});
+    }
+    deep["email"] = json!("cy@example.com");
+    let answer = app.post_form_lead(&deep).await;
+    assert_eq!(answer.status, 422, "{}", answer.text());
+    let contract = answer.json();
+    assert!(
+        contract["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("deeper than 8 levels"),
+        "{contract}"
+    );
+    let review = app.admin_get("/v1/review").await.json();
+    assert!(review["leads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|lead| lead["id"] == contract["submission_id"]));
 }
