@@ -26,6 +26,7 @@
 pub mod actors;
 pub mod alerts;
 pub mod buyer;
+pub mod client_ip;
 pub mod clock;
 pub mod config;
 pub mod demo;

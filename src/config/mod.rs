@@ -136,6 +136,8 @@ pub struct ServerSettings {
     pub admin_token: Option<Secret>,
     pub max_body_bytes: usize,
     pub status_public: bool,
+    /// Peers whose `Forwarded` / `X-Forwarded-For` names the client.
+    pub trusted_proxies: Vec<crate::client_ip::ProxyRange>,
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
 }
@@ -147,6 +149,7 @@ impl Default for ServerSettings {
             admin_token: None,
             max_body_bytes: 65536,
             status_public: true,
+            trusted_proxies: Vec::new(),
             shutdown_grace: Duration::from_secs(30),
         }
     }

@@ -455,8 +455,17 @@ fn request_meta(request: &HttpRequest) -> RequestMeta {
     }
 }
 
+/// The peer, or the client a trusted proxy names (see `client_ip`).
 fn client_ip(request: &HttpRequest) -> Option<IpAddr> {
-    request.peer_addr().map(|address| address.ip())
+    let trusted = request
+        .app_data::<web::Data<AppState>>()
+        .map(|state| state.settings().server.trusted_proxies.clone())
+        .unwrap_or_default();
+    crate::client_ip::client_ip(
+        request.peer_addr().map(|address| address.ip()),
+        request.headers(),
+        &trusted,
+    )
 }
 
 fn header_text(request: &HttpRequest, name: &str) -> Option<String> {

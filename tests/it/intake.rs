@@ -25,6 +25,7 @@ on_both_databases!(
     a_source_over_its_rate_limit_gets_429_with_retry_after,
     a_batch_judges_each_lead_on_its_own,
     nested_partner_feeds_are_mapped_by_dotted_paths_or_pass_through_flattened,
+    behind_a_trusted_proxy_each_client_has_its_own_ip_and_limit,
 );
 
 async fn a_valid_lead_is_stored_and_accepted_at_once(backend: Backend) {
@@ -606,4 +607,75 @@ async fn nested_partner_feeds_are_mapped_by_dotted_paths_or_pass_through_flatten
         .unwrap()
         .iter()
         .any(|lead| lead["id"] == contract["submission_id"]));
+}
+
+/// A form lead for `c{n}@example.com`, as forwarded for `client`.
+async fn send_forwarded(
+    app: &crate::helpers::TestApp,
+    client: &str,
+    n: usize,
+) -> crate::helpers::Answer {
+    let request = app
+        .client
+        .post(app.url("/v1/leads?source=website"))
+        .insert_header(("Content-Type", "application/json"))
+        .insert_header(("X-Forwarded-For", client));
+    let body = serde_json::to_vec(&json!({"email": format!("c{n}@example.com")})).unwrap();
+    app.send(request, body).await
+}
+
+async fn behind_a_trusted_proxy_each_client_has_its_own_ip_and_limit(backend: Backend) {
+    use leadrouter::config::RateLimitSettings;
+
+    let two_per_minute = |settings: &mut leadrouter::config::Settings| {
+        settings.sources[0].rate_limit = Some(RateLimitSettings {
+            per_ip: Some("2/min".parse().unwrap()),
+            total: None,
+        });
+    };
+    let proxied = crate::helpers::spawn_app_adjusted(backend, "", |settings| {
+        two_per_minute(settings);
+        settings.server.trusted_proxies = vec!["127.0.0.0/8".parse().unwrap()];
+    })
+    .await;
+    // Two clients behind the proxy: each has its own limit and its own IP.
+    for n in 0..2 {
+        let answer = send_forwarded(&proxied, "203.0.113.5", n).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        let id = answer.json()["submission_id"].as_str().unwrap().to_string();
+        assert_eq!(
+            proxied.lead(&id).await["attribution"]["client_ip"],
+            "203.0.113.5"
+        );
+    }
+    assert_eq!(send_forwarded(&proxied, "203.0.113.5", 2).await.status, 429);
+    let other = send_forwarded(&proxied, "198.51.100.8", 3).await;
+    assert_eq!(other.status, 200, "{}", other.text());
+    let id = other.json()["submission_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        proxied.lead(&id).await["attribution"]["client_ip"],
+        "198.51.100.8"
+    );
+
+    // A peer that is not a trusted proxy: its header changes nothing.
+    let direct = crate::helpers::spawn_app_adjusted(backend, "", |settings| {
+        two_per_minute(settings);
+        settings.server.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
+    })
+    .await;
+    let first = send_forwarded(&direct, "203.0.113.5", 10).await;
+    let id = first.json()["submission_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        direct.lead(&id).await["attribution"]["client_ip"],
+        "127.0.0.1"
+    );
+    assert_eq!(
+        send_forwarded(&direct, "198.51.100.1", 11).await.status,
+        200
+    );
+    assert_eq!(
+        send_forwarded(&direct, "198.51.100.2", 12).await.status,
+        429,
+        "spoofed headers share the peer's limit"
+    );
 }
