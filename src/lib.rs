@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod mock_buyer;
 pub mod notify;
 pub mod rate_limit;
+pub mod redact;
 pub mod reload;
 pub mod renormalize;
 pub mod routes;

@@ -8,8 +8,6 @@ use serde_json::{json, Map, Value};
 use crate::config::BuyerSettings;
 use crate::domain::CallKind;
 
-/// Header names whose literal values are never shown in attempt views.
-const SENSITIVE_HEADER_WORDS: [&str; 5] = ["authorization", "key", "token", "secret", "password"];
 /// Attribution facts about the visitor's machine, kept out of pings.
 const POST_ONLY_ATTRIBUTION: [&str; 2] = ["client_ip", "user_agent"];
 
@@ -77,9 +75,16 @@ pub fn build(
         ),
     };
     let content_type = content_type.unwrap_or_else(|| "application/json".into());
-    let body = match template {
-        Some(template) => render(&template, &content_type, lead, ping),
+    let body = match &template {
+        Some(template) => render(template, &content_type, lead, ping),
         None => default_body(kind, lead, ping, pii_fields).to_string(),
+    };
+    // What the file says, `${VAR}` unresolved, for the stored copy.
+    let written = &buyer.snapshot[kind.as_str()];
+    let shown_url = crate::redact::url(written["url"].as_str().unwrap_or(&url));
+    let shown_body = match written["body_template"].as_str() {
+        Some(template) if template.contains("${") => render(template, &content_type, lead, ping),
+        _ => body.clone(),
     };
     let idempotency_key = format!("{}:{}:{}", lead.lead_id, buyer.id, kind.as_str());
     let mut headers = vec![
@@ -91,32 +96,20 @@ pub fn build(
     shown_headers.insert("Idempotency-Key".into(), idempotency_key.into());
     for (name, value) in &buyer.headers {
         headers.push((name.clone(), value.expose().to_string()));
-        shown_headers.insert(name.clone(), shown_header(buyer, name).into());
+        let written = buyer.snapshot["headers"][name].as_str().unwrap_or_default();
+        shown_headers.insert(
+            name.clone(),
+            crate::redact::header_value(name, written).into(),
+        );
     }
-    let shown = json!({"url": url, "method": "POST", "headers": shown_headers, "body": body});
+    let shown =
+        json!({"url": shown_url, "method": "POST", "headers": shown_headers, "body": shown_body});
     BuyerRequest {
         url,
         headers,
         content_type,
         body,
         shown,
-    }
-}
-
-/// A header as the attempt view shows it: the `${VAR}` reference from the
-/// file when there is one, `[redacted]` for a literal secret.
-fn shown_header(buyer: &BuyerSettings, name: &str) -> String {
-    let written = buyer.snapshot["headers"][name].as_str().unwrap_or_default();
-    let lower = name.to_ascii_lowercase();
-    if written.contains("${") {
-        written.to_string()
-    } else if SENSITIVE_HEADER_WORDS
-        .iter()
-        .any(|word| lower.contains(word))
-    {
-        "[redacted]".to_string()
-    } else {
-        written.to_string()
     }
 }
 

@@ -117,6 +117,18 @@ pub fn check(settings: &Settings) -> Vec<Problem> {
             problem(at("id"), format!("duplicate buyer id {:?}", buyer.id));
         }
         check_buyer(buyer, &at, &mut problem);
+        let ping_template = buyer
+            .ping
+            .as_ref()
+            .and_then(|ping| ping.body_template.as_deref());
+        for field in ping_template.map(template_fields).unwrap_or_default() {
+            if settings.routing.pii_fields.iter().any(|pii| pii == field) {
+                problem(
+                    at("ping.body_template"),
+                    format!("names {field:?}, one of routing.pii_fields: pings never carry personal data"),
+                );
+            }
+        }
     }
 
     let mut notify_ids = HashSet::new();
@@ -324,6 +336,16 @@ fn check_secret_url(path: &str, url: &Secret, problem: &mut impl FnMut(String, S
     if !scheme_ok || url.parse::<awc::http::Uri>().is_err() {
         problem(path.to_string(), "not an http(s) URL".into());
     }
+}
+
+/// The field names a template substitutes (`{{fields.NAME}}`).
+fn template_fields(template: &str) -> Vec<&str> {
+    template
+        .split("{{")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("}}"))
+        .filter_map(|(name, _)| name.trim().strip_prefix("fields."))
+        .collect()
 }
 
 /// `https://www.example.com` or `http://127.0.0.1:8080`: what a browser

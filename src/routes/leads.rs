@@ -458,9 +458,9 @@ impl From<attempt::Model> for AttemptView {
             started_at: row.started_at,
             duration_ms: row.duration_ms,
             retry_of: row.retry_of,
-            request: row.request,
+            request: crate::redact::request(&row.request),
             response_body: row.response_body,
-            snapshot: row.snapshot,
+            snapshot: crate::redact::snapshot(&row.snapshot),
         }
     }
 }

@@ -47,6 +47,8 @@ pub struct Call {
     pub kind: String,
     pub idempotency_key: String,
     pub authorization: String,
+    pub api_key: String,
+    pub query: String,
     pub content_type: String,
     pub body: String,
 }
@@ -137,6 +139,8 @@ async fn answer(
         kind: kind.to_string(),
         idempotency_key: header("idempotency-key"),
         authorization: header("authorization"),
+        api_key: header("x-api-key"),
+        query: request.query_string().to_string(),
         content_type: header("content-type"),
         body: String::from_utf8_lossy(&body).into_owned(),
     });

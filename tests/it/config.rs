@@ -97,3 +97,30 @@ fn the_shipped_configurations_are_valid() {
         assert!(ok, "{file}: {stdout}{stderr}");
     }
 }
+
+#[test]
+fn a_ping_template_that_names_a_pii_field_is_rejected() {
+    let (ok, _, stderr) = check_config(
+        r#"
+        [[buyers]]
+        id = "acme"
+        [buyers.ping]
+        url = "http://127.0.0.1:9001/ping"
+        body_template = '{"zip": "{{fields.zip}}", "mail": "{{ fields.email }}"}'
+        [buyers.post]
+        url = "http://127.0.0.1:9001/post"
+        body_template = '{"mail": "{{fields.email}}"}'
+        "#,
+        &[],
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("buyers[0].ping.body_template: names \"email\""),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("post.body_template"),
+        "posts may carry it: {stderr}"
+    );
+    assert!(!stderr.contains("\"zip\""), "{stderr}");
+}

@@ -19,5 +19,6 @@ mod reads;
 mod recovery;
 mod release;
 mod routing;
+mod secrets;
 mod selling;
 mod status_page;
