@@ -69,7 +69,13 @@ pub async fn run(settings: &Settings, source_id: &str, since: Duration) -> anyho
             let was = LeadState::parse(&lead.state);
             if was == Some(LeadState::Invalid) {
                 store
-                    .fix_invalid_lead(&lead.id, fields, &errors, &settings.duplicate_rule())
+                    .fix_invalid_lead(
+                        &lead.id,
+                        fields,
+                        &errors,
+                        &settings.duplicate_rule(),
+                        !settings.has_required_channel(),
+                    )
                     .await?;
                 report.now_valid += u64::from(errors.is_empty());
             } else {

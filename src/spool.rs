@@ -262,6 +262,7 @@ mod tests {
                 is_test: false,
                 errors: vec![FieldError::new("email", "missing")],
                 received_at: chrono::Utc::now(),
+                accept_on_store: true,
             },
             contract: Contract::spooled(id.into(), vec![]),
         }

@@ -42,8 +42,9 @@ pub struct Model {
     pub route_after: Option<DateTimeUtc>,
     /// Set aside for an operator after too many routing failures.
     pub set_aside_reason: Option<String>,
-    /// When the acceptance contract became `accepted` (stored with no
-    /// required notify channel, or a required channel confirmed).
+    /// When the acceptance contract became `accepted`: stored (or fixed)
+    /// valid while no notify channel was required, or when a required
+    /// channel confirmed it. Null: `pending`.
     pub accepted_at: Option<DateTimeUtc>,
 }
 

@@ -55,6 +55,17 @@ impl MigrationTrait for Migration {
                     .to_owned(),
             )
             .await?;
+        // Leads stored before notify channels worked were answered
+        // `accepted` when valid: keep that.
+        manager
+            .exec_stmt(
+                Query::update()
+                    .table(Leads::Table)
+                    .value(Leads::AcceptedAt, Expr::col(Leads::ReceivedAt))
+                    .and_where(Expr::col(Leads::State).ne("invalid"))
+                    .to_owned(),
+            )
+            .await?;
         manager
             .create_index(
                 Index::create()
@@ -110,5 +121,7 @@ enum Deliveries {
 enum Leads {
     Table,
     AcceptedAt,
+    ReceivedAt,
+    State,
     UpdatedAt,
 }

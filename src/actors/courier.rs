@@ -29,6 +29,8 @@ use crate::domain::{CallOutcome, LeadState};
 use crate::notify::{self, Destination, SaleFacts, Transport};
 use crate::store::{AfterFailure, DeliveryTarget, HeldDelivery, Store};
 
+/// The event sent once a lead's contract is accepted.
+const ACCEPTED: &str = "lead.accepted";
 /// How often a courier plans and claims on its own.
 const TICK: Duration = Duration::from_secs(1);
 /// A tick plans the leads changed since the last one, with this overlap
@@ -158,7 +160,6 @@ impl Couriers {
 #[derive(Clone)]
 pub struct CourierEnvironment {
     pub store: Store,
-    pub settings: SharedSettings,
     pub instance_id: Arc<str>,
     pub alerts: Alerts,
     pub restarts: RestartLog,
@@ -224,7 +225,6 @@ impl Courier {
         self.pumping = true;
         let round = Round {
             store: self.environment.store.clone(),
-            settings: self.environment.settings.clone(),
             targets: self.targets.clone(),
             free: self.free_slots(),
             lease: self.destination.timeout() + LEASE_MARGIN,
@@ -384,7 +384,6 @@ impl Handler<Deliver> for Courier {
 /// The database side of one round, on its own so it can run as a future.
 struct Round {
     store: Store,
-    settings: SharedSettings,
     destination: Destination,
     targets: Vec<DeliveryTarget>,
     free: usize,
@@ -398,7 +397,6 @@ impl Round {
         handed: Vec<String>,
         since: Option<DateTime<Utc>>,
     ) -> Vec<(DeliveryTarget, HeldDelivery)> {
-        let has_required = self.settings.current().has_required_channel();
         if self.sweep_interrupted {
             if let Err(error) = self
                 .store
@@ -410,7 +408,7 @@ impl Round {
         }
         let mut claimed = Vec::new();
         for target in &self.targets {
-            let owed = owed_by(target, has_required);
+            let owed = owed_by(target);
             let mut plans = Vec::new();
             if !handed.is_empty() {
                 plans.push(
@@ -419,7 +417,7 @@ impl Round {
                 );
             }
             if let Some(since) = since {
-                plans.push(owed.add(recent(target, has_required, since)));
+                plans.push(owed.add(recent(target, since)));
             }
             for plan in plans {
                 if let Err(error) = self.store.plan_deliveries(target, plan).await {
@@ -446,32 +444,24 @@ impl Round {
 }
 
 /// Which leads a target is owed: every stored valid lead for a notify
-/// channel; the leads in the event's state for an event.
-fn owed_by(target: &DeliveryTarget, has_required: bool) -> Condition {
-    let valid = lead::Column::State.ne(LeadState::Invalid.as_str());
-    match target.event.as_deref() {
-        None => Condition::all().add(valid),
-        Some("lead.accepted") if has_required => {
-            Condition::all().add(lead::Column::AcceptedAt.is_not_null())
-        }
-        Some("lead.accepted") => Condition::all().add(valid),
-        Some(event) => Condition::all()
-            .add(lead::Column::State.eq(event.strip_prefix("lead.").unwrap_or(event))),
-    }
+/// channel; the leads whose contract is accepted for `lead.accepted`; the
+/// leads in the event's state for the other events.
+fn owed_by(target: &DeliveryTarget) -> Condition {
+    let owed = match target.event.as_deref() {
+        None => lead::Column::State.ne(LeadState::Invalid.as_str()),
+        Some(ACCEPTED) => lead::Column::AcceptedAt.is_not_null(),
+        Some(event) => lead::Column::State.eq(event.strip_prefix("lead.").unwrap_or(event)),
+    };
+    Condition::all().add(owed)
 }
 
 /// Leads whose change since `since` may have made them owed.
-fn recent(target: &DeliveryTarget, has_required: bool, since: DateTime<Utc>) -> Condition {
-    let day_ago = Utc::now() - chrono::Duration::from_std(GIVE_UP_AFTER).unwrap_or_default();
-    match target.event.as_deref() {
-        Some("lead.accepted") if has_required => {
-            Condition::all().add(lead::Column::AcceptedAt.gte(since))
-        }
-        None => Condition::all()
-            .add(lead::Column::UpdatedAt.gte(since))
-            .add(lead::Column::ReceivedAt.gte(day_ago)),
-        Some(_) => Condition::all().add(lead::Column::UpdatedAt.gte(since)),
-    }
+fn recent(target: &DeliveryTarget, since: DateTime<Utc>) -> Condition {
+    let changed = match target.event.as_deref() {
+        Some(ACCEPTED) => lead::Column::AcceptedAt.gte(since),
+        _ => lead::Column::UpdatedAt.gte(since),
+    };
+    Condition::all().add(changed)
 }
 
 /// One try of one delivery, from its attempt row to its answer's commit.

@@ -36,8 +36,6 @@ const MAILBOX_CAPACITY: usize = 4096;
 #[derive(Debug, Clone)]
 pub struct IntakeRules {
     pub duplicates: DuplicateRule,
-    /// A required notify channel exists: leads are `pending` until it confirms.
-    pub has_required_channel: bool,
     /// A batch not committed by then goes to the spool.
     pub write_deadline: Duration,
 }
@@ -164,7 +162,7 @@ async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Wait
         Ok(Ok(outcomes)) => {
             let routable = outcomes.iter().filter_map(routable_id).collect();
             for (waiting, outcome) in batch.into_iter().zip(outcomes) {
-                let _ = waiting.reply.send(Ok(contract_of(&outcome, &rules)));
+                let _ = waiting.reply.send(Ok(contract_of(&outcome)));
             }
             // Losing this message only delays routing to the next sweep.
             targets.route_to.do_send(RouteLeads { lead_ids: routable });
@@ -210,7 +208,7 @@ async fn write_one_by_one(targets: &IntakeTargets, rules: &IntakeRules, batch: V
         match stored.map(|outcomes| outcomes.into_iter().next()) {
             Ok(Some(outcome)) => {
                 routable.extend(routable_id(&outcome));
-                let _ = waiting.reply.send(Ok(contract_of(&outcome, rules)));
+                let _ = waiting.reply.send(Ok(contract_of(&outcome)));
             }
             Ok(None) => {
                 let _ = waiting.reply.send(Err(IntakeError::Interrupted));
@@ -305,12 +303,12 @@ pub(super) fn routable_id(outcome: &PersistOutcome) -> Option<LeadId> {
 }
 
 /// The contract of a stored (or replayed) lead row.
-fn contract_of(outcome: &PersistOutcome, rules: &IntakeRules) -> Contract {
+fn contract_of(outcome: &PersistOutcome) -> Contract {
     let (row, replayed) = match outcome {
         PersistOutcome::Inserted(row) => (row, false),
         PersistOutcome::Existing(row) => (row, true),
     };
-    let mut contract = contract_of_row(row, rules.has_required_channel);
+    let mut contract = contract_of_row(row);
     contract.replayed = replayed;
     contract
 }

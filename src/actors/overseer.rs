@@ -146,14 +146,12 @@ impl Overseer {
         };
         let rules = IntakeRules {
             duplicates: settings.duplicate_rule(),
-            has_required_channel: settings.has_required_channel(),
             write_deadline: settings.database.acquire_timeout * 2,
         };
         let couriers = Couriers::start(
             shared,
             CourierEnvironment {
                 store: store.clone(),
-                settings: shared.clone(),
                 instance_id: instance_id.clone(),
                 alerts: alerts.clone(),
                 restarts: restarts.clone(),

@@ -68,7 +68,13 @@ pub async fn fix(
     );
     let fixed = state
         .store
-        .fix_invalid_lead(&row.id, fields, &errors, &state.settings().duplicate_rule())
+        .fix_invalid_lead(
+            &row.id,
+            fields,
+            &errors,
+            &state.settings().duplicate_rule(),
+            !state.settings().has_required_channel(),
+        )
         .await?;
     let valid = errors.is_empty();
     if valid {

@@ -85,7 +85,7 @@ pub async fn submit(
         parsed.clone(),
         request_meta(&request),
         header_key,
-        settings.intake.max_field_chars,
+        IntakeLimits::of(&settings),
     );
     let contract = store_lead(&state, lead).await;
 
@@ -135,7 +135,7 @@ pub async fn submit_batch(
 ) -> Result<HttpResponse, ApiError> {
     let settings = state.settings();
     let max_lead_bytes = settings.server.max_body_bytes;
-    let max_lead_chars = settings.intake.max_field_chars;
+    let limits = IntakeLimits::of(&settings);
     let body = read_body(&request, payload, max_lead_bytes * BATCH_BODY_FACTOR).await?;
     let source = match header_text(&request, "x-api-key") {
         Some(key) => feed_for_key(&settings, &key)?,
@@ -168,7 +168,7 @@ pub async fn submit_batch(
                 broken,
                 meta,
                 None,
-                max_lead_chars,
+                limits,
             );
             let contract = store_lead(&state, lead).await;
             let status = status_of(&contract);
@@ -204,7 +204,7 @@ pub async fn submit_batch(
                 parsed,
                 meta,
                 None,
-                max_lead_chars,
+                limits,
             );
             let contract = store_lead(&state, lead).await;
             contract_json(&contract, status_of(&contract))
@@ -283,6 +283,23 @@ fn admit(state: &AppState, source: &SourceSettings, ip: Option<IpAddr>) -> Resul
         })
 }
 
+/// What of the configuration shapes a new lead.
+#[derive(Debug, Clone, Copy)]
+struct IntakeLimits {
+    max_field_chars: usize,
+    /// No notify channel is required: stored and valid is accepted.
+    accept_on_store: bool,
+}
+
+impl IntakeLimits {
+    fn of(settings: &Settings) -> Self {
+        Self {
+            max_field_chars: settings.intake.max_field_chars,
+            accept_on_store: !settings.has_required_channel(),
+        }
+    }
+}
+
 /// Builds the lead row from what arrived; a body that could not be parsed
 /// becomes an `invalid` lead holding the raw bytes.
 fn build_lead(
@@ -292,8 +309,12 @@ fn build_lead(
     parsed: Result<Map<String, Value>, BodyError>,
     meta: RequestMeta,
     header_key: Option<String>,
-    max_field_chars: usize,
+    limits: IntakeLimits,
 ) -> NewLead {
+    let IntakeLimits {
+        max_field_chars,
+        accept_on_store,
+    } = limits;
     let normalized = normalize_parsed(&parsed, source, &meta, max_field_chars);
     let errors = normalized.errors.clone();
     NewLead {
@@ -311,6 +332,7 @@ fn build_lead(
         is_test: normalized.is_test,
         errors,
         received_at: meta.received_at,
+        accept_on_store,
     }
 }
 
@@ -401,7 +423,7 @@ async fn deliver(state: &AppState, contract: Contract) -> Contract {
     match state.store.find_lead(&lead_id).await {
         Ok(Some(row)) => Contract {
             replayed: contract.replayed,
-            ..contract_of_row(&row, state.has_required_channel())
+            ..contract_of_row(&row)
         },
         _ => contract,
     }

@@ -35,7 +35,7 @@ pub async fn status(
         return Ok(HttpResponse::Ok().json(contract));
     }
     let row = find(&state, &path).await?;
-    Ok(HttpResponse::Ok().json(contract_of_row(&row, state.has_required_channel())))
+    Ok(HttpResponse::Ok().json(contract_of_row(&row)))
 }
 
 /// `GET /v1/leads/{id}`: everything about the lead, attempts in order.
@@ -66,7 +66,7 @@ pub async fn full_view(state: &AppState, row: lead::Model) -> Result<LeadView, A
     let why = explain(&row, sale.as_ref(), &attempts);
     let returns = state.store.returns_of(&row.id).await?;
     let deliveries = state.store.deliveries_of(&row.id).await?;
-    let mut view = LeadView::new(row, sale, state.has_required_channel());
+    let mut view = LeadView::new(row, sale);
     view.why = Some(why);
     view.returns = Some(
         returns
@@ -277,13 +277,12 @@ fn page_size(requested: Option<u64>) -> u64 {
 async fn page_response(state: &AppState, page: LeadPage) -> Result<HttpResponse, ApiError> {
     let ids: Vec<String> = page.leads.iter().map(|lead| lead.id.clone()).collect();
     let mut sales = state.store.sales_of(&ids).await?;
-    let awaiting = state.has_required_channel();
     let leads: Vec<LeadView> = page
         .leads
         .into_iter()
         .map(|row| {
             let sale = sales.remove(&row.id);
-            LeadView::new(row, sale, awaiting)
+            LeadView::new(row, sale)
         })
         .collect();
     Ok(HttpResponse::Ok().json(LeadPageView {
@@ -378,8 +377,8 @@ pub struct ReturnView {
 }
 
 impl LeadView {
-    fn new(row: lead::Model, sale: Option<sale::Model>, has_required_channel: bool) -> Self {
-        let contract = contract_of_row(&row, has_required_channel);
+    fn new(row: lead::Model, sale: Option<sale::Model>) -> Self {
+        let contract = contract_of_row(&row);
         let (raw, raw_base64) = match String::from_utf8(row.raw) {
             Ok(text) => (text, None),
             Err(error) => {

@@ -45,11 +45,6 @@ impl AppState {
     pub fn settings(&self) -> Arc<Settings> {
         self.settings.current()
     }
-
-    /// True when some notify channel is `required`.
-    pub fn has_required_channel(&self) -> bool {
-        self.settings().has_required_channel()
-    }
 }
 
 /// The form helper, served from the binary (SPEC section 5).

@@ -33,6 +33,10 @@ pub struct NewLead {
     pub is_test: bool,
     pub errors: Vec<FieldError>,
     pub received_at: DateTime<Utc>,
+    /// No notify channel was required when it arrived: a valid lead is
+    /// `accepted` as soon as it is stored.
+    #[serde(default)]
+    pub accept_on_store: bool,
 }
 
 /// How same-person duplicates are found (`intake.duplicate_*`).
@@ -283,7 +287,7 @@ fn lead_row(new: &NewLead) -> lead::Model {
         route_failures: 0,
         route_after: None,
         set_aside_reason: None,
-        accepted_at: None,
+        accepted_at: (new.accept_on_store && new.errors.is_empty()).then_some(new.received_at),
     }
 }
 
@@ -297,11 +301,12 @@ fn abandoned_deliveries() -> sea_orm::sea_query::SelectStatement {
         .into_query()
 }
 
-/// The acceptance contract of a stored lead row. With a required notify
-/// channel configured, it is `accepted` only once one confirmed
-/// (`accepted_at`).
-pub fn contract_of_row(row: &lead::Model, has_required_channel: bool) -> Contract {
-    let awaiting_required_notify = has_required_channel && row.accepted_at.is_none();
+/// The acceptance contract of a stored lead row: `accepted` once
+/// `accepted_at` is set (stored valid with no required notify channel, or
+/// a required channel confirmed it), as the database says, whatever the
+/// configuration says now.
+pub fn contract_of_row(row: &lead::Model) -> Contract {
+    let awaiting_required_notify = row.accepted_at.is_none();
     let state = LeadState::parse(&row.state).unwrap_or(LeadState::Received);
     let errors: Vec<FieldError> = serde_json::from_value(row.errors.clone()).unwrap_or_default();
     let mut contract = Contract::for_stored(

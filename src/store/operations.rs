@@ -41,12 +41,15 @@ impl Store {
     /// payload stays as it arrived); without errors it moves to `received`,
     /// claiming its duplicate-key values as intake does (the same person
     /// within the window makes it a `duplicate`), in the same transaction.
+    /// `accept`: no notify channel is required, so a fixed lead is
+    /// `accepted` at once.
     pub async fn fix_invalid_lead(
         &self,
         lead_id: &str,
         fields: Map<String, Value>,
         errors: &[FieldError],
         rule: &DuplicateRule,
+        accept: bool,
     ) -> Result<lead::Model, OperationError> {
         let state = if errors.is_empty() {
             LeadState::Received
@@ -54,7 +57,11 @@ impl Store {
             LeadState::Invalid
         };
         let txn = self.db.begin().await?;
-        let changed = transition(lead_id, &[LeadState::Invalid.as_str()], state.as_str())
+        let mut fix = transition(lead_id, &[LeadState::Invalid.as_str()], state.as_str());
+        if accept && state == LeadState::Received {
+            fix = fix.col_expr(lead::Column::AcceptedAt, Expr::value(Utc::now()));
+        }
+        let changed = fix
             .col_expr(lead::Column::Fields, Expr::value(Value::Object(fields)))
             .col_expr(
                 lead::Column::Errors,
