@@ -12,8 +12,9 @@
  *             button resends it under the same submission_id;
  *   invalid   (422) each error shown next to its field.
  * Each submit carries a client-made `submission_id` (the server's dedupe key),
- * kept in a hidden input and reused for retries until an accepted answer
- * clears the form. The form's [data-leadrouter-status] element holds the
+ * kept in a hidden input for the life of the form's data: a retry of the same
+ * data reuses it, changed data (say, corrected after a 422) gets a new one,
+ * and an accepted answer clears the form for the next. The form's [data-leadrouter-status] element holds the
  * message; its data-state is sending|accepted|pending|failed|invalid.
  * Without JavaScript the form stays a plain HTML form post.
  */
@@ -91,7 +92,7 @@
     }
 
     let busy = false;
-    let invalidFields = null; // the fields last answered 422 under the current id
+    let sentFields = null; // the data sent under the current id
     let pollTimer = null;
     let pollRun = 0; // bumped to cancel the running poller
 
@@ -146,7 +147,7 @@
       stopPolling();
       HTMLFormElement.prototype.reset.call(form); // even if a field is named "reset"
       idInput.value = newId(); // the next data is a new submission
-      invalidFields = null;
+      sentFields = null;
       clearErrors();
       show('accepted', form.getAttribute('data-thank-you') || THANK_YOU);
       form.dispatchEvent(new CustomEvent('leadrouter:accepted', {
@@ -183,7 +184,6 @@
       if (!contract || typeof contract !== 'object') return show('failed', MESSAGES.failed, true);
       const serverId = contract.submission_id || idInput.value;
       if (code === 422 || contract.lead_state === 'invalid') {
-        invalidFields = sent; // a changed resubmit needs a new id (see send)
         return showErrors(Array.isArray(contract.errors) ? contract.errors : []);
       }
       if (code < 300 && contract.acceptance === 'accepted') return accept(serverId, contract);
@@ -201,10 +201,11 @@
       clearErrors();
       const fields = fieldsOf(form);
       const sent = JSON.stringify(fields);
-      // The server stored the invalid data under this id and would replay
-      // that answer, so corrected data goes under a fresh id.
-      if (invalidFields !== null && invalidFields !== sent) idInput.value = newId();
-      invalidFields = null;
+      // The server keeps what it got under this id and would replay that
+      // answer: changed data is a new submission, with a fresh id; the same
+      // data (a retry) keeps it.
+      if (sentFields !== null && sentFields !== sent) idInput.value = newId();
+      sentFields = sent;
       const buttons = Array.from(form.querySelectorAll(
         'button:not([type]), button[type="submit"], input[type="submit"], input[type="image"]'
       )).filter((button) => !button.disabled);

@@ -32,8 +32,10 @@ pub fn header_value(name: &str, written: &str) -> String {
     }
 }
 
-/// A URL as shown: sensitive query parameters' literal values redacted.
+/// A URL as shown: a password in it and sensitive query parameters'
+/// literal values redacted.
 pub fn url(url: &str) -> String {
+    let url = &without_password(url);
     let Some((base, query)) = url.split_once('?') else {
         return url.to_string();
     };
@@ -54,6 +56,22 @@ pub fn url(url: &str) -> String {
         out.push_str(fragment);
     }
     out
+}
+
+/// `smtp://user:secret@host:587` as `smtp://user:[redacted]@host:587`.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((credentials, host)) if credentials.contains(':') && !credentials.contains("${") => {
+            let user = credentials.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:{REDACTED}@{host}{path}")
+        }
+        _ => url.to_string(),
+    }
 }
 
 /// A buyer's frozen configuration (an attempt's `snapshot`) as shown:
@@ -109,6 +127,11 @@ mod tests {
             header_value("Accept", "application/json"),
             "application/json"
         );
+        assert_eq!(
+            url("smtp://leads:hunter2@mail.example.com:587?tls=required"),
+            "smtp://leads:[redacted]@mail.example.com:587?tls=required"
+        );
+        assert_eq!(url("smtp://127.0.0.1:25"), "smtp://127.0.0.1:25");
         assert_eq!(
             url("https://b.example/post?key=abc&campaign=7&api_token=${T}#x"),
             "https://b.example/post?key=[redacted]&campaign=7&api_token=${T}#x"

@@ -208,45 +208,79 @@ impl Run {
         ))
     }
 
+    /// The notify channels the service runs (from `/v1/status`).
+    async fn channels(&self) -> Result<Vec<String>, String> {
+        let mut response = self
+            .client
+            .get(self.url("/v1/status"))
+            .insert_header((
+                "Authorization",
+                format!("Bearer {}", self.check.admin_token),
+            ))
+            .send()
+            .await
+            .map_err(|error| format!("GET /v1/status failed: {error}"))?;
+        let status: Value = response
+            .json()
+            .limit(16 * 1024 * 1024)
+            .await
+            .map_err(|error| format!("GET /v1/status: {error}"))?;
+        Ok(status["notify"]
+            .as_array()
+            .map(|channels| {
+                channels
+                    .iter()
+                    .filter(|channel| channel["kind"] != "events")
+                    .filter_map(|channel| channel["id"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// Every channel the service runs confirmed the lead, and the contract
+    /// is `accepted`, within `--wait`.
     async fn delivered(&self, lead_id: &str) -> Step {
+        let expected = self.channels().await?;
         let started = Instant::now();
         loop {
             let lead = self.admin_lead(lead_id).await?;
-            let notify: Vec<&Value> = deliveries(&lead, "notify");
-            let confirmed = notify
+            let notify = deliveries(&lead, "notify");
+            let row_of =
+                |channel: &str| notify.iter().find(|row| row["channel"] == channel).copied();
+            let unconfirmed: Vec<&String> = expected
                 .iter()
-                .filter(|row| row["state"] == "confirmed")
-                .count();
+                .filter(|channel| row_of(channel).is_none_or(|row| row["state"] != "confirmed"))
+                .collect();
             let accepted = lead["contract"]["acceptance"] == "accepted";
-            if accepted && confirmed == notify.len() {
-                return Ok(if notify.is_empty() {
+            if accepted && unconfirmed.is_empty() {
+                return Ok(if expected.is_empty() {
                     "no notify channel configured; the contract is accepted".into()
                 } else {
                     format!(
-                        "{confirmed} channel(s) confirmed ({}); the contract is accepted",
-                        channels(&notify)
+                        "{} channel(s) confirmed ({}); the contract is accepted",
+                        expected.len(),
+                        expected.join(", ")
                     )
                 });
             }
             if started.elapsed() >= self.check.wait {
-                let waiting: Vec<String> = notify
+                let waiting: Vec<String> = unconfirmed
                     .iter()
-                    .filter(|row| row["state"] != "confirmed")
-                    .map(|row| {
-                        format!(
-                            "{} {} after {} tries ({})",
-                            row["channel"].as_str().unwrap_or_default(),
+                    .map(|channel| match row_of(channel) {
+                        Some(row) => format!(
+                            "{channel} {} after {} tries ({})",
                             row["state"].as_str().unwrap_or_default(),
                             row["tries"],
                             row["last_error"].as_str().unwrap_or("no answer yet")
-                        )
+                        ),
+                        None => format!("{channel}: no delivery planned yet"),
                     })
                     .collect();
                 return Err(format!(
                     "not confirmed within {}: {}; the contract is {}",
                     humantime::format_duration(self.check.wait),
                     if waiting.is_empty() {
-                        "no delivery planned yet".to_string()
+                        "every channel confirmed".to_string()
                     } else {
                         waiting.join("; ")
                     },
@@ -354,11 +388,4 @@ fn confirmed_tries<'a>(lead: &'a Value, kind: &str) -> Vec<&'a Value> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-fn channels(rows: &[&Value]) -> String {
-    rows.iter()
-        .filter_map(|row| row["channel"].as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
 }

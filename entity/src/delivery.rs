@@ -23,6 +23,8 @@ pub struct Model {
     pub next_try_at: DateTimeUtc,
     /// While set and in the future, one instance is sending it.
     pub lease_until: Option<DateTimeUtc>,
+    /// Fresh on every claim: a failed try lets the row go only under it.
+    pub claim_token: Option<String>,
     pub created_at: DateTimeUtc,
     pub confirmed_at: Option<DateTimeUtc>,
     pub last_error: Option<String>,

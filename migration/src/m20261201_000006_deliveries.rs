@@ -25,6 +25,7 @@ impl MigrationTrait for Migration {
                     .col(integer(Deliveries::Tries).default(0))
                     .col(timestamp_with_time_zone(Deliveries::NextTryAt))
                     .col(timestamp_with_time_zone_null(Deliveries::LeaseUntil))
+                    .col(string_null(Deliveries::ClaimToken))
                     .col(timestamp_with_time_zone(Deliveries::CreatedAt))
                     .col(timestamp_with_time_zone_null(Deliveries::ConfirmedAt))
                     .col(string_null(Deliveries::LastError))
@@ -44,6 +45,16 @@ impl MigrationTrait for Migration {
                     .col(Deliveries::Target)
                     .col(Deliveries::State)
                     .col(Deliveries::NextTryAt)
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .create_index(
+                Index::create()
+                    .name("deliveries_state")
+                    .table(Deliveries::Table)
+                    .col(Deliveries::State)
+                    .col(Deliveries::LeadId)
                     .to_owned(),
             )
             .await?;
@@ -112,6 +123,7 @@ enum Deliveries {
     Tries,
     NextTryAt,
     LeaseUntil,
+    ClaimToken,
     CreatedAt,
     ConfirmedAt,
     LastError,

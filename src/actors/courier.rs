@@ -27,7 +27,7 @@ use crate::alerts::{AlertKind, Alerts};
 use crate::config::SharedSettings;
 use crate::domain::{CallOutcome, LeadState};
 use crate::notify::{self, Destination, SaleFacts, Transport};
-use crate::store::{AfterFailure, DeliveryTarget, HeldDelivery, Store};
+use crate::store::{AfterFailure, DeliveryAnswer, DeliveryTarget, HeldDelivery, Store};
 
 /// The event sent once a lead's contract is accepted.
 const ACCEPTED: &str = "lead.accepted";
@@ -36,17 +36,19 @@ const TICK: Duration = Duration::from_secs(1);
 /// A tick plans the leads changed since the last one, with this overlap
 /// (clock skew between instances, commits that took long).
 const PLAN_OVERLAP: Duration = Duration::from_secs(10);
-/// Every this many ticks, a plan looks back a whole day.
+/// Every this many ticks, a plan looks back `WIDE_PLAN` (commits that took
+/// longer than the overlap); at start, a whole day.
 const FULL_PLAN_EVERY: u64 = 60;
+const WIDE_PLAN: Duration = Duration::from_secs(600);
 /// Deliveries are tried for this long after the row was made.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// A backoff never grows past this.
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
-/// A claim outlives its try's timeout by this much.
-const LEASE_MARGIN: Duration = Duration::from_secs(5);
-/// Tries of a confirmation's write before giving up (the row is then
-/// sent again after its lease: at least once, never lost).
-const CONFIRM_WRITES: u32 = 3;
+/// A claim outlives its try's timeout by this much. A try whose claim is
+/// older than half of it when the attempt row is written is not sent (its
+/// lease could run out mid-call), and a confirmation's write is retried
+/// within it.
+const LEASE_MARGIN: Duration = Duration::from_secs(15);
 
 /// Wakes intake waiting (`intake.accept_wait`) for a lead's required
 /// channel to confirm.
@@ -54,16 +56,14 @@ const CONFIRM_WRITES: u32 = 3;
 pub struct Confirmations(Arc<DashMap<String, Arc<Notify>>>);
 
 impl Confirmations {
-    /// A handle that is notified when `lead_id` is confirmed from now on.
-    pub fn watch(&self, lead_id: &str) -> Arc<Notify> {
-        self.0.entry(lead_id.to_string()).or_default().clone()
-    }
-
-    /// Done waiting for `lead_id`.
-    pub fn forget(&self, lead_id: &str, handle: Arc<Notify>) {
-        drop(handle);
-        self.0
-            .remove_if(lead_id, |_, notify| Arc::strong_count(notify) == 1);
+    /// Notified when a required channel of this instance confirms
+    /// `lead_id` from now on; forgotten when dropped.
+    pub fn watch(&self, lead_id: &str) -> Watch {
+        Watch {
+            notify: self.0.entry(lead_id.to_string()).or_default().clone(),
+            lead_id: lead_id.to_string(),
+            all: self.clone(),
+        }
     }
 
     fn confirmed(&self, lead_id: &str) {
@@ -71,6 +71,28 @@ impl Confirmations {
             notify.notify_waiters();
             notify.notify_one();
         }
+    }
+}
+
+/// One request waiting for a lead's confirmation.
+pub struct Watch {
+    notify: Arc<Notify>,
+    lead_id: String,
+    all: Confirmations,
+}
+
+impl Watch {
+    pub async fn confirmed(&self) {
+        self.notify.notified().await
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        // The map's handle and ours: nobody else waits for this lead.
+        self.all
+            .0
+            .remove_if(&self.lead_id, |_, notify| Arc::strong_count(notify) <= 2);
     }
 }
 
@@ -214,7 +236,12 @@ impl Courier {
     /// send each. `look_back`: plan recent leads too (a tick), not only
     /// the ones handed over.
     fn pump(&mut self, look_back: bool, ctx: &mut Context<Self>) {
-        if self.pumping || self.transport.is_none() {
+        if self.transport.is_none() {
+            // Nothing can be sent; the rows wait in the database.
+            self.handed.clear();
+            return;
+        }
+        if self.pumping {
             return;
         }
         let handed: Vec<String> = std::mem::take(&mut self.handed).into_iter().collect();
@@ -238,6 +265,10 @@ impl Courier {
                 for (target, held) in claimed.unwrap_or_default() {
                     courier.send(target, held, ctx);
                 }
+                // Leads handed over while this round ran.
+                if !courier.handed.is_empty() {
+                    courier.pump(false, ctx);
+                }
             }),
         );
     }
@@ -245,12 +276,12 @@ impl Courier {
     fn plan_since(&mut self) -> DateTime<Utc> {
         let now = Utc::now();
         self.ticks += 1;
-        let full = chrono::Duration::from_std(GIVE_UP_AFTER).unwrap_or_default();
+        let back = |window: Duration| now - chrono::Duration::from_std(window).unwrap_or_default();
         let since = match self.planned_at {
-            Some(last) if !self.ticks.is_multiple_of(FULL_PLAN_EVERY) => {
-                last - chrono::Duration::from_std(PLAN_OVERLAP).unwrap_or_default()
-            }
-            _ => now - full,
+            // At start: the whole day (what a crash may have left).
+            None => back(GIVE_UP_AFTER),
+            Some(_) if self.ticks.is_multiple_of(FULL_PLAN_EVERY) => back(WIDE_PLAN),
+            Some(last) => last - chrono::Duration::from_std(PLAN_OVERLAP).unwrap_or_default(),
         };
         self.planned_at = Some(now);
         since
@@ -424,18 +455,23 @@ impl Round {
                     tracing::warn!(channel = self.destination.id(), %error, "planning deliveries");
                 }
             }
-            let room = self.free.saturating_sub(claimed.len());
-            if room == 0 {
-                continue;
-            }
-            match self
-                .store
-                .claim_deliveries(target, None, room as u64, self.lease)
-                .await
-            {
-                Ok(held) => claimed.extend(held.into_iter().map(|held| (target.clone(), held))),
-                Err(error) => {
-                    tracing::warn!(channel = self.destination.id(), %error, "claiming deliveries")
+            // The leads just handed over first (a sender may be waiting
+            // for them), then whatever else is due, oldest first.
+            let first = (!handed.is_empty()).then_some(handed.as_slice());
+            for only in [first, None] {
+                let room = self.free.saturating_sub(claimed.len());
+                if room == 0 {
+                    break;
+                }
+                match self
+                    .store
+                    .claim_deliveries(target, only, room as u64, self.lease)
+                    .await
+                {
+                    Ok(held) => claimed.extend(held.into_iter().map(|held| (target.clone(), held))),
+                    Err(error) => {
+                        tracing::warn!(channel = self.destination.id(), %error, "claiming deliveries")
+                    }
                 }
             }
         }
@@ -475,34 +511,27 @@ struct OneDelivery {
 
 impl OneDelivery {
     async fn run(self, transport: Rc<Transport>) -> bool {
-        let Self {
-            environment,
-            destination,
-            target,
-            held,
-        } = self;
-        let store = &environment.store;
-        let lead = &held.lead;
-        let channel = destination.id();
-        let sale = if target.event.as_deref() == Some("lead.sold") {
+        let store = &self.environment.store;
+        let lead = &self.held.lead;
+        let channel = self.destination.id();
+        let sale = if self.target.event.as_deref() == Some("lead.sold") {
             sale_facts(store, &lead.id).await
         } else {
             SaleFacts::default()
         };
-        let prepared = match notify::prepare(&destination, lead, target.event.as_deref(), &sale) {
-            Ok(prepared) => prepared,
-            Err(error) => {
-                tracing::error!(lead_id = %lead.id, channel, %error, "delivery cannot be built");
-                return false;
-            }
+        let prepared =
+            notify::prepare(&self.destination, lead, self.target.event.as_deref(), &sale);
+        let shown = match &prepared {
+            Ok(prepared) => prepared.shown.clone(),
+            Err(error) => serde_json::json!({ "error": error }),
         };
         let attempt_id = match store
             .begin_delivery_attempt(
-                &target,
+                &self.target,
                 &lead.id,
-                prepared.shown.clone(),
-                destination.snapshot(),
-                &environment.instance_id,
+                shown,
+                self.destination.snapshot(),
+                &self.environment.instance_id,
             )
             .await
         {
@@ -513,70 +542,132 @@ impl OneDelivery {
                 return false;
             }
         };
-        let answer = transport.send(prepared, destination.timeout()).await;
-        let confirmed = answer.outcome == CallOutcome::Accepted;
+        let prepared = match prepared {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                tracing::error!(lead_id = %lead.id, channel, %error, "delivery cannot be built");
+                return self.failed(&attempt_id, not_sent(error)).await;
+            }
+        };
+        if self.held.claimed_at.elapsed() > LEASE_MARGIN / 2 {
+            // Its lease could run out mid-call and another instance send it.
+            let late = "the claim was too old to send under; tried again".to_string();
+            return self.failed(&attempt_id, not_sent(late)).await;
+        }
+        let answer = transport.send(prepared, self.destination.timeout()).await;
         tracing::info!(
             lead_id = %lead.id,
             channel,
-            kind = target.kind.as_str(),
-            event = target.event.as_deref().unwrap_or_default(),
+            kind = self.target.kind.as_str(),
+            event = self.target.event.as_deref().unwrap_or_default(),
             outcome = answer.outcome.as_str(),
             status = answer.http_status,
             "delivery tried"
         );
-        if confirmed {
-            let effect = destination.confirm_effect();
-            for write in 1..=CONFIRM_WRITES {
-                match store
-                    .confirm_delivery(&target, &lead.id, &attempt_id, &answer, effect)
-                    .await
+        if answer.outcome == CallOutcome::Accepted {
+            self.confirmed(&attempt_id, &answer).await;
+            true
+        } else {
+            self.failed(&attempt_id, answer).await
+        }
+    }
+
+    /// Records the confirmation, retrying the write while the lease lasts
+    /// (after it, the row may be sent again: at least once, never lost).
+    async fn confirmed(&self, attempt_id: &str, answer: &DeliveryAnswer) {
+        let store = &self.environment.store;
+        let lead_id = self.held.lead.id.as_str();
+        let effect = self.destination.confirm_effect();
+        loop {
+            match store
+                .confirm_delivery(&self.target, lead_id, attempt_id, answer, effect)
+                .await
+            {
+                Ok(()) => {
+                    if effect.accepts {
+                        self.environment.confirmations.confirmed(lead_id);
+                    }
+                    return;
+                }
+                Err(error)
+                    if self.held.claimed_at.elapsed()
+                        < self.destination.timeout() + LEASE_MARGIN =>
                 {
-                    Ok(()) => {
-                        if effect.accepts {
-                            environment.confirmations.confirmed(&lead.id);
-                        }
-                        break;
-                    }
-                    Err(error) => {
-                        tracing::error!(lead_id = %lead.id, channel, %error, write, "confirmation not recorded");
-                        actix_web::rt::time::sleep(Duration::from_secs(1)).await;
-                    }
+                    tracing::warn!(lead_id, channel = self.destination.id(), %error, "confirmation not recorded yet; retrying");
+                    actix_web::rt::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(error) => {
+                    let message = format!(
+                        "{} {} confirmed lead {lead_id} but the confirmation could not be recorded ({error}); it may be sent again",
+                        self.target.kind.as_str(),
+                        self.target.key()
+                    );
+                    self.environment
+                        .alerts
+                        .raise(
+                            AlertKind::DeliveryFailed,
+                            Some(self.destination.id()),
+                            Some(lead_id),
+                            &message,
+                        )
+                        .await;
+                    return;
                 }
             }
-            return true;
         }
-        let gave_up = Utc::now() - held.created_at
+    }
+
+    /// Records a failed try: retried after a backoff, or given up (with an
+    /// alert) a day after the row was made. Yields `false` (not confirmed).
+    async fn failed(&self, attempt_id: &str, answer: DeliveryAnswer) -> bool {
+        let lead_id = self.held.lead.id.as_str();
+        let channel = self.destination.id();
+        let gave_up = Utc::now() - self.held.created_at
             >= chrono::Duration::from_std(GIVE_UP_AFTER).unwrap_or_default();
         let after = if gave_up {
             AfterFailure::Abandon
         } else {
-            AfterFailure::RetryAt(Utc::now() + backoff(destination.retry_backoff(), held.tries))
+            AfterFailure::RetryAt(
+                Utc::now() + backoff(self.destination.retry_backoff(), self.held.tries),
+            )
         };
-        if let Err(error) = store
-            .delivery_failed(&target, &lead.id, &attempt_id, &answer, after)
+        if let Err(error) = self
+            .environment
+            .store
+            .delivery_failed(&self.target, &self.held, attempt_id, &answer, after)
             .await
         {
-            tracing::warn!(lead_id = %lead.id, channel, %error, "failed delivery not recorded");
+            tracing::warn!(lead_id, channel, %error, "failed delivery not recorded");
         }
         if gave_up {
             let message = format!(
-                "{} {} of lead {} given up after a day of tries: {}",
-                target.kind.as_str(),
-                target.key(),
-                lead.id,
+                "{} {} of lead {lead_id} given up after a day of tries: {}",
+                self.target.kind.as_str(),
+                self.target.key(),
                 answer.error.as_deref().unwrap_or("no confirmation")
             );
-            environment
+            self.environment
                 .alerts
                 .raise(
                     AlertKind::DeliveryFailed,
                     Some(channel),
-                    Some(&lead.id),
+                    Some(lead_id),
                     &message,
                 )
                 .await;
         }
         false
+    }
+}
+
+/// A try that was not sent, as its attempt row records it.
+fn not_sent(error: String) -> DeliveryAnswer {
+    DeliveryAnswer {
+        outcome: CallOutcome::Error,
+        http_status: None,
+        duration: Duration::ZERO,
+        response_body: None,
+        error: Some(error),
     }
 }
 

@@ -134,13 +134,21 @@ pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Setting
     }
 }
 
-/// An `[[events]]` table without an `id` is named by its position.
+/// An `[[events]]` table without an `id` is named after its URL (a
+/// stable hash), so reordering the file moves no sink's history.
 fn name_event_sinks(settings: &mut Settings) {
-    for (index, sink) in settings.events.iter_mut().enumerate() {
+    for sink in &mut settings.events {
         if sink.id.trim().is_empty() {
-            sink.id = format!("events-{}", index + 1);
+            sink.id = format!("events-{:08x}", fnv1a(sink.url.expose()) as u32);
         }
     }
+}
+
+/// FNV-1a: a hash that stays the same across builds and platforms.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Replaces `${NAME}` in every string; an unset variable is a problem.
@@ -380,6 +388,25 @@ mod tests {
         let settings = parse("[server]\nlisten = \"127.0.0.1:1\"\n", env).unwrap();
         assert_eq!(settings.server.listen, "0.0.0.0:9999");
         assert_eq!(settings.database.display_url(), "postgres://u:***@db/x");
+    }
+
+    #[test]
+    fn an_event_sink_without_an_id_is_named_after_its_url() {
+        let text = |order: [&str; 2]| {
+            order
+                .map(|url| format!("[[events]]\nurl = \"{url}\"\non = [\"lead.sold\"]\n"))
+                .join("\n")
+        };
+        let a = "http://127.0.0.1:9200/a";
+        let b = "http://127.0.0.1:9200/b";
+        let first = parse(&text([a, b]), no_env).unwrap();
+        let swapped = parse(&text([b, a]), no_env).unwrap();
+        assert!(first.events[0].id.starts_with("events-"));
+        assert_ne!(first.events[0].id, first.events[1].id);
+        assert_eq!(
+            first.events[0].id, swapped.events[1].id,
+            "reordering keeps ids"
+        );
     }
 
     #[test]

@@ -131,22 +131,31 @@ pub fn check(settings: &Settings) -> Vec<Problem> {
         }
     }
 
-    let mut notify_ids = HashSet::new();
+    // Notify channels and event sinks share attempt rows' `buyer_id` with
+    // buyers: one id names one thing.
+    let mut delivery_ids: HashSet<&str> = buyer_ids.clone();
     for (index, channel) in settings.notify.iter().enumerate() {
         let at = |key: &str| format!("notify[{index}].{key}");
-        if channel.id.trim().is_empty() {
-            problem(at("id"), "must not be empty".into());
-        } else if !notify_ids.insert(channel.id.as_str()) {
-            problem(at("id"), format!("duplicate notify id {:?}", channel.id));
+        if channel.id.trim().is_empty() || channel.id.contains(':') {
+            problem(at("id"), "must not be empty or hold ':'".into());
+        } else if !delivery_ids.insert(channel.id.as_str()) {
+            problem(
+                at("id"),
+                format!("id {:?} is already a buyer's or channel's", channel.id),
+            );
         }
         check_notify_channel(channel, &at, &mut problem);
     }
-    let mut sink_ids = HashSet::new();
     for (index, events) in settings.events.iter().enumerate() {
-        if !sink_ids.insert(events.id.as_str()) {
+        if events.id.contains(':') {
+            problem(format!("events[{index}].id"), "must not hold ':'".into());
+        } else if !delivery_ids.insert(events.id.as_str()) {
             problem(
                 format!("events[{index}].id"),
-                format!("duplicate events id {:?}", events.id),
+                format!(
+                    "id {:?} is already a buyer's, channel's or sink's",
+                    events.id
+                ),
             );
         }
         check_secret_url(&format!("events[{index}].url"), &events.url, &mut problem);

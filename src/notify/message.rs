@@ -57,7 +57,7 @@ pub fn prepare(
                 "lead_id": lead.id,
                 "source": lead.source_id,
                 "test": lead.is_test,
-                "at": chrono::Utc::now(),
+                "at": happened_at(lead, event),
                 "lead_state": lead.state,
             });
             if event == "lead.sold" {
@@ -76,6 +76,15 @@ pub fn prepare(
     }
 }
 
+/// When the event happened: the contract's acceptance, else the lead's
+/// last change of state (not when this try is sent).
+fn happened_at(lead: &lead::Model, event: &str) -> chrono::DateTime<chrono::Utc> {
+    match (event, lead.accepted_at) {
+        ("lead.accepted", Some(at)) => at,
+        _ => lead.updated_at,
+    }
+}
+
 fn prepare_notify(channel: &NotifySettings, lead: &lead::Model) -> Result<Prepared, String> {
     let key = format!("{}:{}:notify", lead.id, channel.id);
     let url = channel.url.expose();
@@ -88,12 +97,13 @@ fn prepare_notify(channel: &NotifySettings, lead: &lead::Model) -> Result<Prepar
                     (
                         name.clone(),
                         value.expose().to_string(),
-                        "[redacted]".to_string(),
+                        crate::redact::REDACTED.to_string(),
                     )
                 })
                 .collect();
+            let shown_url = crate::redact::url(url);
             let Some(template) = &channel.body_template else {
-                return Ok(http(url, url, key, webhook_body(lead), headers));
+                return Ok(http(url, &shown_url, key, webhook_body(lead), headers));
             };
             let content_type = channel
                 .content_type
@@ -105,7 +115,7 @@ fn prepare_notify(channel: &NotifySettings, lead: &lead::Model) -> Result<Prepar
                 &LeadOffer::of(lead),
                 &PingResult::default(),
             );
-            Ok(request(url, url, key, content_type, body, headers))
+            Ok(request(url, &shown_url, key, content_type, body, headers))
         }
         NotifyKind::Slack => {
             let body = json!({"text": text_of(lead)});
@@ -213,7 +223,7 @@ fn mail(channel: &NotifySettings, lead: &lead::Model) -> Result<Prepared, String
         .body(text.clone())
         .map_err(|error| format!("e-mail: {error}"))?;
     let shown = json!({
-        "url": hide_password(channel.url.expose()),
+        "url": crate::redact::url(channel.url.expose()),
         "method": "SMTP",
         "headers": {"From": from, "To": channel.to.join(", "), "Subject": subject},
         "body": text,
@@ -266,21 +276,7 @@ fn hide_path(url: &str) -> String {
             uri.scheme_str().unwrap_or("https"),
             uri.authority().map(|a| a.as_str()).unwrap_or_default()
         ),
-        Err(_) => "[redacted]".into(),
-    }
-}
-
-/// `smtp://user:secret@host:587` shown as `smtp://user:[redacted]@host:587`.
-fn hide_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    match rest.rsplit_once('@') {
-        Some((credentials, host)) => {
-            let user = credentials.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:[redacted]@{host}")
-        }
-        None => url.to_string(),
+        Err(_) => crate::redact::REDACTED.into(),
     }
 }
 
@@ -294,10 +290,5 @@ mod tests {
             hide_path("https://hooks.slack.com/services/T0/B0/secret"),
             "https://hooks.slack.com/[redacted]"
         );
-        assert_eq!(
-            hide_password("smtp://leads:hunter2@mail.example.com:587"),
-            "smtp://leads:[redacted]@mail.example.com:587"
-        );
-        assert_eq!(hide_password("smtp://127.0.0.1:25"), "smtp://127.0.0.1:25");
     }
 }

@@ -50,17 +50,23 @@ impl Transport {
         match (self, prepared.outbound) {
             (Self::Http { client, confirms }, Outbound::Http(request)) => {
                 let answer = exchange(client, CallKind::Ping, &request, timeout, confirms).await;
-                let confirmed = answer.outcome == CallOutcome::Accepted;
+                let status_confirms = matches!(confirms, AcceptCheck::Status(_))
+                    && answer
+                        .http_status
+                        .is_some_and(|status| (200..300).contains(&status));
+                // A 2xx confirms even if its body then broke off.
+                let confirmed = answer.outcome == CallOutcome::Accepted || status_confirms;
                 DeliveryAnswer {
                     // A refusal (4xx) is not a confirmation: tried again.
-                    outcome: if confirmed || answer.outcome == CallOutcome::Timeout {
-                        answer.outcome
-                    } else {
-                        CallOutcome::Error
+                    outcome: match answer.outcome {
+                        _ if confirmed => CallOutcome::Accepted,
+                        CallOutcome::Timeout => CallOutcome::Timeout,
+                        _ => CallOutcome::Error,
                     },
                     http_status: answer.http_status,
                     duration: answer.duration,
                     error: match (&answer.detail, answer.http_status) {
+                        _ if confirmed => None,
                         (Some(detail), _) => Some(detail.clone()),
                         (None, Some(status)) if !confirmed => {
                             Some(format!("answered HTTP {status}, not a confirmation"))

@@ -5,6 +5,7 @@
 //! change is 409.
 
 use actix_web::{web, HttpResponse};
+use entity::attempt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
@@ -14,7 +15,7 @@ use super::leads::{find, full_view, AttemptView, LeadView};
 use super::{Admin, ApiError, AppState};
 use crate::actors::retry::{RetryAttempt, RetryError};
 use crate::actors::router::RouteLeads;
-use crate::domain::{check_fields, LeadId};
+use crate::domain::{check_fields, AttemptKind, LeadId};
 use crate::reload::{reload as reload_settings, ReloadError, ReloadReport};
 use crate::store::Settlement;
 
@@ -79,6 +80,7 @@ pub async fn fix(
     let valid = errors.is_empty();
     if valid {
         route(&state, &fixed.id);
+        state.tree.couriers.deliver(std::slice::from_ref(&fixed.id));
     }
     let view = full_view(&state, fixed).await?;
     Ok(if valid {
@@ -219,9 +221,10 @@ pub async fn return_lead(
     params(("id" = String, Path, description = "The attempt to replay")),
     responses(
         (status = 200, description = "The new attempt (with `retry_of`)", body = AttemptView),
+        (status = 202, description = "A notify or event try: its delivery is due again (`{lead_id, delivery, state}`)", body = Object),
         (status = 401, description = "Missing or wrong admin token", body = ErrorBody),
         (status = 404, description = "No such attempt", body = ErrorBody),
-        (status = 409, description = "Not a ping or post, the lead is not unsold or unknown, or the buyer is gone", body = ErrorBody),
+        (status = 409, description = "The lead is not unsold or unknown, the buyer is gone, or the delivery is already confirmed", body = ErrorBody),
         (status = 503, description = "The retry could not be recorded", body = ErrorBody),
     ))]
 pub async fn retry(
@@ -229,12 +232,19 @@ pub async fn retry(
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
+    let attempt_id = path.into_inner();
+    if let Some(delivery) = state.store.find_attempt(&attempt_id).await? {
+        if matches!(
+            AttemptKind::parse(&delivery.kind),
+            Some(AttemptKind::Notify | AttemptKind::Event)
+        ) {
+            return redeliver(&state, delivery).await;
+        }
+    }
     let retried = state
         .tree
         .router
-        .send(RetryAttempt {
-            attempt_id: path.into_inner(),
-        })
+        .send(RetryAttempt { attempt_id })
         .await
         .map_err(|error| ApiError::Unavailable(format!("router: {error}")))?
         .map_err(|error| match error {
@@ -243,6 +253,42 @@ pub async fn retry(
             RetryError::Unavailable(why) => ApiError::Unavailable(why),
         })?;
     Ok(HttpResponse::Ok().json(AttemptView::from(retried)))
+}
+
+/// The retry of a notify or event try: its delivery, unless confirmed, is
+/// due again at once (a given-up one gets a new day of tries); 202, and
+/// the courier sends it as a new attempt row.
+async fn redeliver(state: &AppState, attempt: attempt::Model) -> Result<HttpResponse, ApiError> {
+    let target = match serde_json::from_str::<serde_json::Value>(
+        attempt.request["body"].as_str().unwrap_or_default(),
+    )
+    .ok()
+    .and_then(|body| body["event"].as_str().map(str::to_string))
+    {
+        Some(event) if attempt.kind == AttemptKind::Event.as_str() => {
+            format!("{}:{event}", attempt.buyer_id)
+        }
+        _ => attempt.buyer_id.clone(),
+    };
+    let due = state
+        .store
+        .deliver_again_now(&attempt.lead_id, Some(&target))
+        .await?;
+    if due == 0 {
+        return Err(ApiError::Conflict(format!(
+            "{target} already confirmed lead {}: it is never sent again",
+            attempt.lead_id
+        )));
+    }
+    state
+        .tree
+        .couriers
+        .deliver(std::slice::from_ref(&attempt.lead_id));
+    Ok(HttpResponse::Accepted().json(serde_json::json!({
+        "lead_id": attempt.lead_id,
+        "delivery": target,
+        "state": "pending",
+    })))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -403,11 +403,14 @@ async fn contract_for(state: &AppState, lead: NewLead) -> Contract {
 async fn deliver(state: &AppState, contract: Contract) -> Contract {
     let couriers = &state.tree.couriers;
     let lead_id = contract.submission_id.clone();
-    if couriers.channels.is_empty() || contract.lead_state == Some(LeadState::Invalid) {
+    // A lead in the spool is handed over when the drainer stores it; a
+    // sender never waits on a database that is down.
+    let spooled = state.tree.spool.database_down();
+    if couriers.channels.is_empty() || spooled || contract.lead_state == Some(LeadState::Invalid) {
         return contract;
     }
     if contract.replayed {
-        if let Err(error) = state.store.deliver_again_now(&lead_id).await {
+        if let Err(error) = state.store.deliver_again_now(&lead_id, None).await {
             tracing::warn!(%lead_id, %error, "replay: deliveries not made due again");
         }
     }
@@ -416,18 +419,32 @@ async fn deliver(state: &AppState, contract: Contract) -> Contract {
         couriers.deliver(std::slice::from_ref(&lead_id));
         return contract;
     }
-    let confirmed = couriers.confirmations.watch(&lead_id);
+    let watch = couriers.confirmations.watch(&lead_id);
     couriers.deliver(std::slice::from_ref(&lead_id));
-    let _ = actix_web::rt::time::timeout(wait, confirmed.notified()).await;
-    couriers.confirmations.forget(&lead_id, confirmed);
-    match state.store.find_lead(&lead_id).await {
-        Ok(Some(row)) => Contract {
-            replayed: contract.replayed,
-            ..contract_of_row(&row)
-        },
-        _ => contract,
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // This instance's confirmation wakes us at once; another
+        // instance's shows in the row.
+        let woken = actix_web::rt::time::timeout(left.min(CONFIRMATION_POLL), watch.confirmed())
+            .await
+            .is_ok();
+        let row = state.store.find_lead(&lead_id).await;
+        if let Ok(Some(row)) = &row {
+            if woken || row.accepted_at.is_some() || left <= CONFIRMATION_POLL {
+                return Contract {
+                    replayed: contract.replayed,
+                    ..contract_of_row(row)
+                };
+            }
+        } else if left <= CONFIRMATION_POLL {
+            return contract;
+        }
     }
 }
+
+/// While intake waits for a confirmation, how often it looks at the row.
+const CONFIRMATION_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 fn status_of(contract: &Contract) -> StatusCode {
     StatusCode::from_u16(contract.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)

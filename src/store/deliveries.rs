@@ -8,7 +8,7 @@
 //! commit with the attempt's answer and the lead's flags, after which the
 //! row is never claimed again.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use entity::{attempt, delivery, lead};
@@ -86,6 +86,10 @@ pub struct HeldDelivery {
     /// Tries so far, this one included.
     pub tries: i32,
     pub created_at: DateTime<Utc>,
+    /// The claim: a failed try lets the row go only while it still holds.
+    pub token: String,
+    /// When the lease began (this process's clock).
+    pub claimed_at: Instant,
 }
 
 /// The answer to one try.
@@ -139,7 +143,8 @@ fn due(target: &str, now: DateTime<Utc>) -> Condition {
 
 impl Store {
     /// Inserts the rows `target` is owed: leads matching `owed` that have
-    /// none yet, at most a page. Returns how many were planned.
+    /// none yet, at most a page. Returns how many were planned. Looks
+    /// first (a read), so an idle courier takes no write lock.
     pub async fn plan_deliveries(
         &self,
         target: &DeliveryTarget,
@@ -173,6 +178,14 @@ impl Store {
             .and_where(Expr::exists(has_row).not())
             .limit(PLAN_PAGE)
             .to_owned();
+        let mut any_owed = owed_leads.clone();
+        any_owed
+            .clear_selects()
+            .column((lead::Entity, lead::Column::Id))
+            .limit(1);
+        if self.db.query_one(&any_owed).await?.is_none() {
+            return Ok(0);
+        }
         let insert = Query::insert()
             .into_table(delivery::Entity)
             .columns([
@@ -198,9 +211,11 @@ impl Store {
     }
 
     /// Takes up to `limit` due rows of `target` (only these leads, if
-    /// given) under a lease of `lease`, counting the try, and answers them
-    /// with their leads. On PostgreSQL instances skip each other's rows
-    /// (`SKIP LOCKED`); the UPDATE re-checks that each row is still due.
+    /// given) under a lease of `lease` and a fresh claim token, counting
+    /// the try, and answers them with their leads. On PostgreSQL instances
+    /// skip each other's rows (`SKIP LOCKED`); the UPDATE re-checks that
+    /// each row is still due. Looks first (a read), so an idle courier
+    /// takes no write lock.
     pub async fn claim_deliveries(
         &self,
         target: &DeliveryTarget,
@@ -218,6 +233,17 @@ impl Store {
             candidates = candidates
                 .filter(delivery::Column::LeadId.is_in(lead_ids.iter().map(String::as_str)));
         }
+        if candidates
+            .clone()
+            .into_tuple::<String>()
+            .one(&self.db)
+            .await?
+            .is_none()
+        {
+            return Ok(Vec::new());
+        }
+        let token = crate::domain::new_id();
+        let claimed_at = Instant::now();
         let candidates = candidates
             .order_by_asc(delivery::Column::NextTryAt)
             .limit(limit)
@@ -226,6 +252,7 @@ impl Store {
         let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
         let mut claim = delivery::Entity::update_many()
             .col_expr(delivery::Column::LeaseUntil, Expr::value(until))
+            .col_expr(delivery::Column::ClaimToken, Expr::value(token.as_str()))
             .col_expr(
                 delivery::Column::Tries,
                 Expr::col(delivery::Column::Tries).add(1),
@@ -260,6 +287,8 @@ impl Store {
                     lead,
                     tries: count,
                     created_at,
+                    token: token.clone(),
+                    claimed_at,
                 });
             }
         }
@@ -357,7 +386,7 @@ impl Store {
     pub async fn delivery_failed(
         &self,
         target: &DeliveryTarget,
-        lead_id: &str,
+        held: &HeldDelivery,
         attempt_id: &str,
         answer: &DeliveryAnswer,
         after: AfterFailure,
@@ -380,9 +409,12 @@ impl Store {
                 Expr::value(DeliveryState::Abandoned.as_str()),
             ),
         };
-        row.filter(delivery::Column::LeadId.eq(lead_id))
+        // Only while our claim holds: a late answer never lets go of a row
+        // another instance took over.
+        row.filter(delivery::Column::LeadId.eq(held.lead.id.as_str()))
             .filter(delivery::Column::Target.eq(target.key()))
             .filter(delivery::Column::State.eq(DeliveryState::Pending.as_str()))
+            .filter(delivery::Column::ClaimToken.eq(held.token.as_str()))
             .exec(&txn)
             .await?;
         txn.commit().await
@@ -418,19 +450,38 @@ impl Store {
         Ok(settled.rows_affected)
     }
 
-    /// Makes this lead's unconfirmed deliveries (abandoned ones too) due now.
-    pub async fn deliver_again_now(&self, lead_id: &str) -> Result<u64, DbErr> {
-        Ok(delivery::Entity::update_many()
-            .col_expr(
-                delivery::Column::State,
-                Expr::value(DeliveryState::Pending.as_str()),
-            )
-            .col_expr(delivery::Column::NextTryAt, Expr::value(Utc::now()))
-            .filter(delivery::Column::LeadId.eq(lead_id))
-            .filter(delivery::Column::State.ne(DeliveryState::Confirmed.as_str()))
+    /// Makes this lead's unconfirmed deliveries (of `target` only, if
+    /// given) due now; a given-up one starts a new day of tries.
+    pub async fn deliver_again_now(
+        &self,
+        lead_id: &str,
+        target: Option<&str>,
+    ) -> Result<u64, DbErr> {
+        let now = Utc::now();
+        let rows = |state: DeliveryState| {
+            let mut rows = delivery::Entity::update_many()
+                .col_expr(
+                    delivery::Column::State,
+                    Expr::value(DeliveryState::Pending.as_str()),
+                )
+                .col_expr(delivery::Column::NextTryAt, Expr::value(now))
+                .filter(delivery::Column::LeadId.eq(lead_id))
+                .filter(delivery::Column::State.eq(state.as_str()));
+            if let Some(target) = target {
+                rows = rows.filter(delivery::Column::Target.eq(target));
+            }
+            rows
+        };
+        let revived = rows(DeliveryState::Abandoned)
+            .col_expr(delivery::Column::CreatedAt, Expr::value(now))
             .exec(&self.db)
             .await?
-            .rows_affected)
+            .rows_affected;
+        let hurried = rows(DeliveryState::Pending)
+            .exec(&self.db)
+            .await?
+            .rows_affected;
+        Ok(revived + hurried)
     }
 
     /// Every delivery row of a lead.
@@ -452,7 +503,10 @@ impl Store {
             .column(delivery::Column::State)
             .column_as(delivery::Column::LeadId.count(), "count")
             .filter(delivery::Column::Target.eq(target.key()))
-            .filter(delivery::Column::State.ne(DeliveryState::Confirmed.as_str()))
+            .filter(delivery::Column::State.is_in([
+                DeliveryState::Pending.as_str(),
+                DeliveryState::Abandoned.as_str(),
+            ]))
             .group_by(delivery::Column::State)
             .into_tuple()
             .all(&self.db)

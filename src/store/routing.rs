@@ -25,6 +25,10 @@ use crate::domain::{
     INTERRUPTED,
 };
 
+/// The attempt kinds whose `buyer_id` is a buyer (not a notify channel or
+/// an event sink).
+const BUYER_KINDS: [&str; 3] = ["ping", "post", "skip"];
+
 /// An attempt about to be made (a call), or a skip.
 #[derive(Debug, Clone)]
 pub struct NewAttempt {
@@ -482,6 +486,7 @@ impl Store {
                         .equals((lead::Entity, lead::Column::Id)),
                 )
                 .filter(attempt::Column::BuyerId.eq(buyer_id))
+                .filter(attempt::Column::Kind.is_in(BUYER_KINDS))
                 .filter(outcomes)
                 .into_query()
         };
@@ -665,6 +670,7 @@ impl Store {
             .column(attempt::Column::Outcome)
             .column_as(attempt::Column::Id.count(), "attempts")
             .filter(attempt::Column::StartedAt.gte(since))
+            .filter(attempt::Column::Kind.is_in(BUYER_KINDS))
             .group_by(attempt::Column::BuyerId)
             .group_by(attempt::Column::Outcome)
             .into_tuple()
