@@ -58,6 +58,7 @@ struct Inner {
     circuit_state: Family<BuyerLabel, Gauge>,
     leads: Family<StateLabel, Gauge>,
     spool_pending: Gauge,
+    intake_pending: Gauge,
 }
 
 /// What `/metrics` reads at scrape time.
@@ -110,6 +111,12 @@ impl Default for Metrics {
             "Leads waiting in the spool for the database",
             spool_pending.clone(),
         );
+        let intake_pending = Gauge::default();
+        registry.register(
+            "intake_pending",
+            "Leads waiting for their commit (at most intake.max_pending)",
+            intake_pending.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -120,12 +127,20 @@ impl Default for Metrics {
                 circuit_state,
                 leads,
                 spool_pending,
+                intake_pending,
             }),
         }
     }
 }
 
 impl Metrics {
+    /// Leads buffered or being written by intake now.
+    pub fn intake_pending(&self, leads: usize) {
+        self.inner
+            .intake_pending
+            .set(i64::try_from(leads).unwrap_or(i64::MAX));
+    }
+
     pub fn intake(&self, outcome: &str, seconds: f64) {
         self.inner
             .intake

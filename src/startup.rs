@@ -83,6 +83,7 @@ impl Application {
             tree: tree.clone(),
             limiter: RateLimiter::default(),
             metrics,
+            figures: Default::default(),
         });
         actix_web::rt::spawn(crate::reload::reload_on_sighup(
             state.settings.clone(),

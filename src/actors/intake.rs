@@ -38,6 +38,9 @@ pub struct IntakeRules {
     pub duplicates: DuplicateRule,
     /// A batch not committed by then goes to the spool.
     pub write_deadline: Duration,
+    /// Leads waiting for their commit at most (`intake.max_pending`);
+    /// beyond it a lead is refused at once (`Full`), nothing kept.
+    pub max_pending: usize,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -46,6 +49,8 @@ pub enum IntakeError {
     Store(String),
     #[error("the intake actor stopped before the lead was stored")]
     Interrupted,
+    #[error("intake has {0} leads waiting for their commit; try again shortly")]
+    Full(usize),
 }
 
 /// Store this lead and answer with its contract.
@@ -67,6 +72,8 @@ pub struct IntakeTargets {
     pub spool: Spool,
     /// Where stored, routable leads go (the router).
     pub route_to: Recipient<RouteLeads>,
+    /// Where intake's backlog (`leadrouter_intake_pending`) is shown.
+    pub metrics: crate::metrics::Metrics,
     /// The notify channels, for leads the spool drainer stores (intake's
     /// own are handed over by the HTTP handler, which may wait for them).
     pub couriers: super::courier::Couriers,
@@ -78,8 +85,9 @@ pub struct Intake {
     rules: IntakeRules,
     restarts: RestartLog,
     buffer: Vec<Waiting>,
-    /// A batch is being written; new leads wait for the next one.
-    writing: bool,
+    /// Leads of the batch being written (0: none is); new leads wait for
+    /// the next one.
+    writing: usize,
 }
 
 impl Intake {
@@ -89,16 +97,19 @@ impl Intake {
             rules,
             restarts,
             buffer: Vec::new(),
-            writing: false,
+            writing: 0,
         }
     }
 
     fn write_next_batch(&mut self, ctx: &mut Context<Self>) {
-        if self.writing || self.buffer.is_empty() {
+        self.targets
+            .metrics
+            .intake_pending(self.buffer.len() + self.writing);
+        if self.writing > 0 || self.buffer.is_empty() {
             return;
         }
-        self.writing = true;
         let take = self.buffer.len().min(MAX_BATCH);
+        self.writing = take;
         let batch: Vec<Waiting> = self.buffer.drain(..take).collect();
         let targets = self.targets.clone();
         let rules = self.rules.clone();
@@ -106,7 +117,7 @@ impl Intake {
             guarded::<Self, _>("intake", write_batch(targets, rules, batch)).map(
                 |done, actor, ctx| {
                     if done.is_some() {
-                        actor.writing = false;
+                        actor.writing = 0;
                         actor.write_next_batch(ctx);
                     }
                 },
@@ -128,7 +139,7 @@ impl Actor for Intake {
 impl Supervised for Intake {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
         self.restarts.restarted("intake");
-        self.writing = false;
+        self.writing = 0;
     }
 }
 
@@ -137,6 +148,10 @@ impl Handler<SubmitLead> for Intake {
 
     /// Buffers the lead and answers once its batch has committed.
     fn handle(&mut self, message: SubmitLead, ctx: &mut Context<Self>) -> Self::Result {
+        let pending = self.buffer.len() + self.writing;
+        if pending >= self.rules.max_pending {
+            return Box::pin(async move { Err(IntakeError::Full(pending)) });
+        }
         let (reply, answer) = oneshot::channel();
         self.buffer.push(Waiting {
             lead: message.lead,
@@ -153,9 +168,17 @@ async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Wait
     }
     let store = &targets.store;
     let leads: Vec<NewLead> = batch.iter().map(|waiting| waiting.lead.clone()).collect();
+    // The error says whether the intake log was written (principle 3: a
+    // lead is written only after its log row).
     let written = actix_web::rt::time::timeout(rules.write_deadline, async {
-        store.log_arrivals(&leads).await?;
-        store.persist_leads(&leads, &rules.duplicates).await
+        store
+            .log_arrivals(&leads)
+            .await
+            .map_err(|error| (false, error))?;
+        store
+            .persist_leads(&leads, &rules.duplicates)
+            .await
+            .map_err(|error| (true, error))
     })
     .await;
     match written {
@@ -167,11 +190,11 @@ async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Wait
             // Losing this message only delays routing to the next sweep.
             targets.route_to.do_send(RouteLeads { lead_ids: routable });
         }
-        Ok(Err(error)) if !is_unreachable(&error) && batch.len() > 1 => {
+        Ok(Err((logged, error))) if !is_unreachable(&error) && batch.len() > 1 => {
             tracing::error!(%error, leads = batch.len(), "lead insert failed; trying lead by lead");
-            write_one_by_one(&targets, &rules, batch).await;
+            write_one_by_one(&targets, &rules, batch, logged).await;
         }
-        Ok(Err(error)) if !is_unreachable(&error) => {
+        Ok(Err((_, error))) if !is_unreachable(&error) => {
             let failure = IntakeError::Store(error.to_string());
             for waiting in batch {
                 let _ = waiting.reply.send(Err(failure.clone()));
@@ -179,7 +202,7 @@ async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Wait
             let message = format!("intake could not store a lead: {error}");
             raise_later(&targets.alerts, AlertKind::IntakeFailed, message);
         }
-        Ok(Err(error)) => {
+        Ok(Err((_, error))) => {
             tracing::error!(%error, leads = batch.len(), "database unreachable; spooling until the drainer reaches it");
             spool_batch(&targets, batch).await;
         }
@@ -194,17 +217,32 @@ async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Wait
 }
 
 /// After a batch the database refused: each lead on its own, so one bad row
-/// cannot fail its neighbours; a lead the database cannot be reached for
-/// goes to the spool.
-async fn write_one_by_one(targets: &IntakeTargets, rules: &IntakeRules, batch: Vec<Waiting>) {
+/// cannot fail its neighbours, each within the write deadline and with its
+/// intake log row first (unless the batch's were written: `logged`); a
+/// lead the database cannot be reached for (or not in time) goes to the
+/// spool.
+async fn write_one_by_one(
+    targets: &IntakeTargets,
+    rules: &IntakeRules,
+    batch: Vec<Waiting>,
+    logged: bool,
+) {
     let mut routable = Vec::new();
     let mut unreachable = Vec::new();
     let mut failed = Vec::new();
     for waiting in batch {
-        let stored = targets
-            .store
-            .persist_leads(std::slice::from_ref(&waiting.lead), &rules.duplicates)
-            .await;
+        let lead = std::slice::from_ref(&waiting.lead);
+        let stored = actix_web::rt::time::timeout(rules.write_deadline, async {
+            if !logged {
+                targets.store.log_arrivals(lead).await?;
+            }
+            targets.store.persist_leads(lead, &rules.duplicates).await
+        })
+        .await;
+        let Ok(stored) = stored else {
+            unreachable.push(waiting);
+            continue;
+        };
         match stored.map(|outcomes| outcomes.into_iter().next()) {
             Ok(Some(outcome)) => {
                 routable.extend(routable_id(&outcome));

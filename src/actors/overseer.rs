@@ -147,6 +147,7 @@ impl Overseer {
         let rules = IntakeRules {
             duplicates: settings.duplicate_rule(),
             write_deadline: settings.database.acquire_timeout * 2,
+            max_pending: settings.intake.max_pending,
         };
         let couriers = Couriers::start(
             shared,
@@ -164,6 +165,7 @@ impl Overseer {
             spool: spool.clone(),
             route_to: router.clone().recipient(),
             alerts,
+            metrics: metrics.clone(),
             couriers: couriers.clone(),
         };
         let intake = {

@@ -205,6 +205,8 @@ pub struct IntakeSettings {
     pub duplicate_keys: Vec<String>,
     /// A longer normalised value makes the lead invalid.
     pub max_field_chars: usize,
+    /// Leads waiting for their commit at most; beyond it, 503 `failed`.
+    pub max_pending: usize,
 }
 
 impl Settings {
@@ -243,6 +245,7 @@ impl Default for IntakeSettings {
             duplicate_window: Duration::from_secs(30 * 24 * 3600),
             duplicate_keys: vec!["email".into(), "phone".into()],
             max_field_chars: 10_000,
+            max_pending: 10_000,
         }
     }
 }

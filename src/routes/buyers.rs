@@ -1,24 +1,18 @@
 //! `GET /v1/buyers` (each buyer's circuit, load, cap use and recent outcomes) and
 //! `POST /v1/buyers/{id}/circuit` (an operator opens or closes a circuit).
 
-use std::collections::HashMap;
-
 use actix_web::{web, HttpResponse};
-use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::error::ErrorBody;
-use super::report::start_of_day;
+use super::figures::Figures;
 use super::{Admin, ApiError, AppState};
 use crate::actors::buyer::ForceCircuit;
 use crate::buyer::board::BuyerStatus;
 use crate::buyer::breaker::CircuitState;
 use crate::buyer::schedule::takes_leads;
-use crate::store::{CapSlot, CapUse, OutcomeCounts};
-
-/// "Recent" outcome counts cover this much time.
-const RECENT: chrono::Duration = chrono::Duration::hours(24);
+use crate::store::{CapUse, OutcomeCounts};
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct BuyerView {
@@ -40,42 +34,13 @@ pub struct BuyerView {
         (status = 503, description = "The database is unavailable", body = ErrorBody),
     ))]
 pub async fn list(_: Admin, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(buyer_views(&state).await?))
+    let figures = Figures::read(&state.store, &state.settings()).await?;
+    Ok(HttpResponse::Ok().json(buyer_views(&state, &figures)))
 }
 
-/// Every configured buyer as `/v1/buyers` and `/v1/status` show it.
-pub async fn buyer_views(state: &AppState) -> Result<Vec<BuyerView>, ApiError> {
-    let now = Utc::now();
-    let sold = state.store.sales_by_buyer(start_of_day(now)).await?;
-    let counts = state.store.outcome_counts(now - RECENT).await?;
-    let mut caps = HashMap::new();
-    for buyer in &state.settings().buyers {
-        let slots = CapSlot::for_post(buyer, now);
-        if !slots.is_empty() {
-            caps.insert(buyer.id.clone(), state.store.cap_use(&slots).await?);
-        }
-    }
-    Ok(assemble(state, sold, counts, caps))
-}
-
-/// As [`buyer_views`], but while the database is down still the live part
-/// (circuits, load) with zero counts; second: "ok" or "unreachable".
-pub async fn live_buyer_views(state: &AppState) -> (Vec<BuyerView>, &'static str) {
-    match buyer_views(state).await {
-        Ok(views) => (views, "ok"),
-        Err(_) => (
-            assemble(state, HashMap::new(), HashMap::new(), HashMap::new()),
-            "unreachable",
-        ),
-    }
-}
-
-fn assemble(
-    state: &AppState,
-    mut sold: HashMap<String, u64>,
-    mut counts: HashMap<String, OutcomeCounts>,
-    mut caps: HashMap<String, Vec<CapUse>>,
-) -> Vec<BuyerView> {
+/// Every configured buyer as `/v1/buyers` and `/v1/status` show it: its
+/// live state from the board, with `figures` from the database.
+pub fn buyer_views(state: &AppState, figures: &Figures) -> Vec<BuyerView> {
     let settings = state.settings();
     let now = settings.clock.now();
     settings
@@ -83,9 +48,17 @@ fn assemble(
         .iter()
         .filter_map(|buyer| Some((buyer, state.tree.board.get(&buyer.id)?)))
         .map(|(buyer, status)| BuyerView {
-            sold_today: sold.remove(&status.id).unwrap_or_default(),
-            counts: counts.remove(&status.id).unwrap_or_default(),
-            caps: caps.remove(&status.id).unwrap_or_default(),
+            sold_today: figures
+                .sold_today
+                .get(&status.id)
+                .copied()
+                .unwrap_or_default(),
+            counts: figures
+                .outcomes
+                .get(&status.id)
+                .cloned()
+                .unwrap_or_default(),
+            caps: figures.caps.get(&status.id).cloned().unwrap_or_default(),
             open_now: takes_leads(buyer, now),
             status,
         })

@@ -16,7 +16,7 @@ use utoipa::ToSchema;
 use super::error::ErrorBody;
 use super::openapi::{BatchRequest, BatchResult};
 use super::{form_page, secrets_equal, ApiError, AppState};
-use crate::actors::SubmitLead;
+use crate::actors::{IntakeError, SubmitLead};
 use crate::config::{Settings, SourceKind, SourceSettings};
 use crate::domain::{
     new_id, normalize_parsed, parse_body, Acceptance, BodyError, BodyFormat, Contract, LeadState,
@@ -99,8 +99,16 @@ pub async fn submit(
         }
         _ => status_of(&contract),
     };
-    Ok(HttpResponse::build(status).json(contract_json(&contract, status)))
+    let mut answer = HttpResponse::build(status);
+    if contract.acceptance == Acceptance::Failed {
+        // Nothing was kept: send it again (same key) shortly.
+        answer.insert_header((header::RETRY_AFTER, RETRY_FAILED_AFTER_SECS.to_string()));
+    }
+    Ok(answer.json(contract_json(&contract, status)))
 }
+
+/// What a `failed` answer's `Retry-After` says (seconds).
+const RETRY_FAILED_AFTER_SECS: u64 = 1;
 
 /// One answer per lead of a batch, in order.
 #[derive(Serialize, ToSchema)]
@@ -384,6 +392,10 @@ async fn contract_for(state: &AppState, lead: NewLead) -> Contract {
                 "lead stored"
             );
             deliver(state, contract).await
+        }
+        Ok(Err(error @ IntakeError::Full(_))) => {
+            tracing::warn!(%lead_id, %source, %error, "lead refused: intake.max_pending reached");
+            Contract::failed(lead_id)
         }
         Ok(Err(error)) => {
             tracing::error!(%lead_id, %source, %error, "intake could not store a lead");

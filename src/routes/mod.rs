@@ -6,6 +6,7 @@ mod auth;
 mod buyers;
 mod cors;
 mod error;
+mod figures;
 mod form_page;
 mod health;
 mod intake;
@@ -21,6 +22,7 @@ use actix_web::{web, HttpResponse};
 
 pub use auth::{secrets_equal, Admin};
 pub use error::ApiError;
+pub use figures::FiguresCache;
 pub use form_page::escape as escape_html;
 pub use openapi::ApiDoc;
 
@@ -38,6 +40,8 @@ pub struct AppState {
     pub tree: Tree,
     pub limiter: RateLimiter,
     pub metrics: Metrics,
+    /// What `/v1/status` and `/metrics` read, at most once a second.
+    pub figures: FiguresCache,
 }
 
 impl AppState {

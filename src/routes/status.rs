@@ -10,8 +10,9 @@ use utoipa::ToSchema;
 
 use chrono::Utc;
 
-use super::buyers::{live_buyer_views, BuyerView};
+use super::buyers::{buyer_views, BuyerView};
 use super::error::ErrorBody;
+use super::figures::Figures;
 use super::report::start_of_day;
 use super::{Admin, ApiError, AppState};
 use crate::actors::courier::ChannelHealth;
@@ -68,27 +69,28 @@ pub async fn status(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     check_access(&request, &state)?;
-    let (buyers, database) = live_buyer_views(&state).await;
-    let leads = match state.store.lead_counts().await {
-        Ok(counts) => {
-            let count =
-                |lead_state: LeadState| counts.get(lead_state.as_str()).copied().unwrap_or(0);
-            Some(LeadCounts {
-                received: count(LeadState::Received),
-                routing: count(LeadState::Routing),
-                sold: count(LeadState::Sold),
-                unsold: count(LeadState::Unsold),
-                unknown: count(LeadState::Unknown),
-                invalid: count(LeadState::Invalid),
-                duplicate: count(LeadState::Duplicate),
-            })
+    let settings = state.settings();
+    let figures = state.figures.get(&state.store, &settings).await;
+    if let Err(error) = &figures {
+        tracing::warn!(%error, "status without database figures: database unreachable");
+    }
+    let database = if figures.is_ok() { "ok" } else { "unreachable" };
+    let figures = figures.ok();
+    let buyers = buyer_views(&state, figures.as_deref().unwrap_or(&Figures::default()));
+    let leads = figures.as_ref().map(|figures| {
+        let count =
+            |lead_state: LeadState| figures.leads.get(lead_state.as_str()).copied().unwrap_or(0);
+        LeadCounts {
+            received: count(LeadState::Received),
+            routing: count(LeadState::Routing),
+            sold: count(LeadState::Sold),
+            unsold: count(LeadState::Unsold),
+            unknown: count(LeadState::Unknown),
+            invalid: count(LeadState::Invalid),
+            duplicate: count(LeadState::Duplicate),
         }
-        Err(error) => {
-            tracing::warn!(%error, "status without lead counts: database unreachable");
-            None
-        }
-    };
-    let set_aside = state.store.set_aside_count().await.unwrap_or(0);
+    });
+    let set_aside = figures.as_ref().map_or(0, |figures| figures.set_aside);
     let today = match Admin::check(&request) {
         Ok(_) => state.store.money_since(start_of_day(Utc::now())).await.ok(),
         Err(_) => None,
@@ -128,11 +130,11 @@ pub async fn metrics(
         .map(|status| (status.id, status.circuit))
         .collect();
     let leads = state
-        .store
-        .lead_counts()
+        .figures
+        .get(&state.store, &state.settings())
         .await
         .ok()
-        .map(|counts| counts.into_iter().collect());
+        .map(|figures| figures.leads.clone().into_iter().collect());
     let text = state.metrics.render(Snapshot {
         circuits,
         leads,

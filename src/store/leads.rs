@@ -80,7 +80,7 @@ pub struct LeadPage {
 impl Store {
     /// Writes the "arrived" records of a batch, before any lead row.
     pub async fn log_arrivals(&self, leads: &[NewLead]) -> Result<(), DbErr> {
-        let txn = self.db.begin().await?;
+        let txn = self.intake.begin().await?;
         for chunk in small_statements(leads, |lead| lead.raw.len()) {
             let rows = chunk.iter().map(|lead| intake_log::ActiveModel {
                 id: Set(crate::domain::new_id()),
@@ -108,7 +108,7 @@ impl Store {
         leads: &[NewLead],
         rule: &DuplicateRule,
     ) -> Result<Vec<PersistOutcome>, DbErr> {
-        let txn = self.db.begin().await?;
+        let txn = self.intake.begin().await?;
         let rows: Vec<lead::Model> = leads.iter().map(lead_row).collect();
         let mut written = 0;
         for chunk in small_statements(&rows, |row| row.raw.len() * 2) {
@@ -331,7 +331,7 @@ impl Store {
                 .column(lead::Column::Id)
                 .filter(lead::Column::Id.is_in(chunk.iter().map(String::as_str)))
                 .into_tuple()
-                .all(&self.db)
+                .all(&self.intake)
                 .await?;
             found.extend(ids);
         }

@@ -37,7 +37,11 @@ const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// A handle on the database, cheap to clone (the pool is shared).
 #[derive(Clone, Debug)]
 pub struct Store {
+    /// Routing, reads and operators' writes.
     db: DatabaseConnection,
+    /// Intake's and the spool drainer's own pool: routing load and readers
+    /// can never take the connections a lead needs to be stored.
+    intake: DatabaseConnection,
     /// Attempt rows go through one group-committing writer.
     attempts: attempt_writer::AttemptWriter,
 }
@@ -46,30 +50,23 @@ impl Store {
     /// Connects (inside an actix system: it starts the attempt writer) with
     /// durable commits: SQLite in WAL mode with `synchronous =
     /// FULL` (fsync on every commit), PostgreSQL with its defaults.
+    /// `database.max_connections` is split: a quarter (at least 2) is
+    /// intake's own pool, the rest (at least 2) serves everything else.
     pub async fn connect(settings: &DatabaseSettings) -> Result<Self, DbErr> {
-        let url = settings.url.expose();
         if settings.is_sqlite() {
-            create_sqlite_parent_dir(url);
+            create_sqlite_parent_dir(settings.url.expose());
         }
-        let mut options = ConnectOptions::new(url.to_string());
-        options
-            .max_connections(settings.max_connections)
-            .acquire_timeout(settings.acquire_timeout)
-            .connect_timeout(settings.acquire_timeout)
-            .sqlx_logging(false)
-            // A dead connection fails its statement and is replaced; a ping
-            // before every use would add a round trip to each batch.
-            .test_before_acquire(false)
-            .map_sqlx_sqlite_opts(|options| {
-                options
-                    .journal_mode(SqliteJournalMode::Wal)
-                    .synchronous(SqliteSynchronous::Full)
-                    .busy_timeout(SQLITE_BUSY_TIMEOUT)
-            });
-        let db = Database::connect(options).await?;
+        let intake_connections = (settings.max_connections / 4).max(2);
+        let other_connections = settings
+            .max_connections
+            .saturating_sub(intake_connections)
+            .max(2);
+        let intake = pool(settings, intake_connections).await?;
+        let db = pool(settings, other_connections).await?;
         Ok(Self {
             attempts: attempt_writer::AttemptWriter::start(db.clone()),
             db,
+            intake,
         })
     }
 
@@ -87,8 +84,10 @@ impl Store {
     /// in flight has given its connection back. Run before the runtime
     /// stops, so no connection is dropped outside it.
     pub async fn close(&self) {
-        if let Err(error) = self.db.close_by_ref().await {
-            tracing::warn!(%error, "closing the database pool");
+        for pool in [&self.db, &self.intake] {
+            if let Err(error) = pool.close_by_ref().await {
+                tracing::warn!(%error, "closing the database pool");
+            }
         }
     }
 
@@ -96,6 +95,26 @@ impl Store {
     pub fn connection(&self) -> &DatabaseConnection {
         &self.db
     }
+}
+
+/// One pool of `connections` on the configured database.
+async fn pool(settings: &DatabaseSettings, connections: u32) -> Result<DatabaseConnection, DbErr> {
+    let mut options = ConnectOptions::new(settings.url.expose().to_string());
+    options
+        .max_connections(connections)
+        .acquire_timeout(settings.acquire_timeout)
+        .connect_timeout(settings.acquire_timeout)
+        .sqlx_logging(false)
+        // A dead connection fails its statement and is replaced; a ping
+        // before every use would add a round trip to each batch.
+        .test_before_acquire(false)
+        .map_sqlx_sqlite_opts(|options| {
+            options
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+                .busy_timeout(SQLITE_BUSY_TIMEOUT)
+        });
+    Database::connect(options).await
 }
 
 /// True when the error says the database could not be reached (no

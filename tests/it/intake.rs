@@ -26,6 +26,8 @@ on_both_databases!(
     a_batch_judges_each_lead_on_its_own,
     nested_partner_feeds_are_mapped_by_dotted_paths_or_pass_through_flattened,
     behind_a_trusted_proxy_each_client_has_its_own_ip_and_limit,
+    over_max_pending_intake_answers_503_with_retry_after_and_keeps_nothing,
+    intake_stays_accepted_while_routing_and_pollers_load_the_database,
 );
 
 async fn a_valid_lead_is_stored_and_accepted_at_once(backend: Backend) {
@@ -678,4 +680,158 @@ async fn behind_a_trusted_proxy_each_client_has_its_own_ip_and_limit(backend: Ba
         429,
         "spoofed headers share the peer's limit"
     );
+}
+
+async fn over_max_pending_intake_answers_503_with_retry_after_and_keeps_nothing(backend: Backend) {
+    use sea_orm::TransactionTrait;
+
+    let app = crate::helpers::spawn_app_adjusted(backend, "", |settings| {
+        settings.intake.max_pending = 3;
+    })
+    .await;
+    // Another connection holds the leads table: intake's writes wait.
+    let url = crate::helpers::database_url_of(&app);
+    let blocker = sea_orm::Database::connect(url.as_str()).await.unwrap();
+    let hold = blocker.begin().await.unwrap();
+    let lock = match backend {
+        Backend::Sqlite => "CREATE TABLE test_write_lock (x INTEGER)",
+        Backend::Postgres => "LOCK TABLE leads IN EXCLUSIVE MODE",
+    };
+    hold.execute_unprepared(lock).await.unwrap();
+
+    let keyed = |key: &'static str| {
+        let request = app
+            .client
+            .post(app.url("/v1/leads?source=website"))
+            .insert_header(("Content-Type", "application/json"))
+            .insert_header(("Idempotency-Key", key));
+        let body = serde_json::to_vec(&json!({"email": format!("{key}@example.com")})).unwrap();
+        app.send(request, body)
+    };
+    let waiting = join_all(["full-1", "full-2", "full-3"].map(keyed));
+    let overflow = async {
+        wait_until(
+            "three leads waiting for their commit",
+            Duration::from_secs(20),
+            || async {
+                app.send(app.client.get(app.url("/metrics")), "")
+                    .await
+                    .text()
+                    .contains("leadrouter_intake_pending 3")
+            },
+        )
+        .await;
+        let refused = keyed("full-4").await;
+        hold.rollback().await.unwrap();
+        refused
+    };
+    let (answers, refused) = futures_util::join!(waiting, overflow);
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.headers.get("retry-after").unwrap(), "1");
+    let contract = refused.json();
+    assert_eq!(contract["acceptance"], "failed");
+    assert_eq!(contract["server_recorded"], false);
+    for answer in answers {
+        assert!(answer.status < 300, "{}", answer.text());
+    }
+    // Those that waited are stored (or spooled and then drained).
+    wait_until(
+        "the waiting leads to be stored",
+        Duration::from_secs(30),
+        || async {
+            lead::Entity::find()
+                .filter(lead::Column::IdempotencyKey.is_in(["full-1", "full-2", "full-3"]))
+                .count(app.store.connection())
+                .await
+                .unwrap()
+                == 3
+        },
+    )
+    .await;
+    // Nothing of the refused lead was kept: not its log row, not the lead.
+    let logged = intake_log::Entity::find()
+        .filter(intake_log::Column::IdempotencyKey.eq("full-4"))
+        .count(app.store.connection())
+        .await
+        .unwrap();
+    assert_eq!(logged, 0);
+    let stored = lead::Entity::find()
+        .filter(lead::Column::IdempotencyKey.eq("full-4"))
+        .count(app.store.connection())
+        .await
+        .unwrap();
+    assert_eq!(stored, 0);
+    // Sent again, it is taken.
+    assert_eq!(keyed("full-4").await.status, 200);
+}
+
+async fn intake_stays_accepted_while_routing_and_pollers_load_the_database(backend: Backend) {
+    use crate::buyers::{Answer, BuyerConfig, TestBuyer};
+    use sea_orm::TransactionTrait;
+
+    let slow = TestBuyer::start(
+        Answer::Accept {
+            delay: Duration::from_millis(200),
+        },
+        Answer::Reject,
+    );
+    let config = BuyerConfig {
+        extra: "max_concurrency = 100",
+        ..BuyerConfig::new("slow", 1)
+    }
+    .toml(&slow.base);
+    let app = crate::helpers::spawn_app_adjusted(backend, &config, |settings| {
+        settings.database.max_connections = 4;
+        settings.database.acquire_timeout = Duration::from_millis(500);
+    })
+    .await;
+    // Routing and readers take every connection of their pool (here: held
+    // by the test, as a saturating load would hold them).
+    let mut held = Vec::new();
+    while let Ok(Ok(txn)) =
+        actix_web::rt::time::timeout(Duration::from_secs(2), app.store.connection().begin()).await
+    {
+        held.push(txn);
+    }
+    assert!(!held.is_empty());
+    let polling = std::cell::Cell::new(true);
+    let pollers = join_all((0..10).map(|_| async {
+        let mut polls = 0;
+        while polling.get() {
+            let status = app.send(app.client.get(app.url("/v1/status")), "").await;
+            assert_eq!(status.status, 200, "the status answers even so");
+            polls += 1;
+        }
+        polls
+    }));
+    let intake = async {
+        let answers = join_all((0..40).map(|n| {
+            let app = &app;
+            async move {
+                app.post_feed_lead_owned(
+                    json!({"lead_id": format!("fg-{n}"), "email": format!("fg{n}@example.com")}),
+                )
+                .await
+            }
+        }))
+        .await;
+        polling.set(false);
+        answers
+    };
+    let (polls, answers) = futures_util::join!(pollers, intake);
+    assert!(polls.iter().sum::<usize>() >= 10, "the pollers ran");
+    for answer in answers {
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(
+            answer.json()["acceptance"],
+            "accepted",
+            "stored, not spooled"
+        );
+    }
+    drop(held);
+    let status = app
+        .send(app.client.get(app.url("/v1/status")), "")
+        .await
+        .json();
+    assert_eq!(status["spool"]["pending"], 0, "{status}");
 }
