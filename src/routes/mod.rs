@@ -15,6 +15,7 @@ mod openapi;
 mod report;
 mod status;
 mod status_page;
+mod status_render;
 
 use std::sync::Arc;
 

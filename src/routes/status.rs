@@ -69,6 +69,17 @@ pub async fn status(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     check_access(&request, &state)?;
+    Ok(HttpResponse::Ok().json(build(&request, &state).await))
+}
+
+/// What `/v1/status` answers, as JSON, or `None` when the request may not
+/// see it (`status_public = false` and no admin token).
+pub async fn status_view(request: &HttpRequest, state: &AppState) -> Option<serde_json::Value> {
+    check_access(request, state).ok()?;
+    serde_json::to_value(build(request, state).await).ok()
+}
+
+async fn build(request: &HttpRequest, state: &AppState) -> StatusView {
     let settings = state.settings();
     let figures = state.figures.get(&state.store, &settings).await;
     if let Err(error) = &figures {
@@ -76,7 +87,7 @@ pub async fn status(
     }
     let database = if figures.is_ok() { "ok" } else { "unreachable" };
     let figures = figures.ok();
-    let buyers = buyer_views(&state, figures.as_deref().unwrap_or(&Figures::default()));
+    let buyers = buyer_views(state, figures.as_deref().unwrap_or(&Figures::default()));
     let leads = figures.as_ref().map(|figures| {
         let count =
             |lead_state: LeadState| figures.leads.get(lead_state.as_str()).copied().unwrap_or(0);
@@ -91,14 +102,14 @@ pub async fn status(
         }
     });
     let set_aside = figures.as_ref().map_or(0, |figures| figures.set_aside);
-    let today = match Admin::check(&request) {
+    let today = match Admin::check(request) {
         Ok(_) => state.store.money_since(start_of_day(Utc::now())).await.ok(),
         Err(_) => None,
     };
     let review = leads.as_ref().map(|leads| Backlog {
         pending: leads.invalid + leads.unknown + set_aside,
     });
-    Ok(HttpResponse::Ok().json(StatusView {
+    StatusView {
         buyers,
         notify: state.tree.couriers.health(&state.settings()),
         leads,
@@ -108,7 +119,7 @@ pub async fn status(
         },
         database: database.into(),
         today,
-    }))
+    }
 }
 
 /// `GET /metrics`: OpenMetrics text for Prometheus.

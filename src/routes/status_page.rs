@@ -1,13 +1,16 @@
 //! `GET /status` (the operators' status page) and `GET /status/leads/{id}`
 //! (a lead's timeline), with their script and style, embedded in the binary:
-//! no build step. The pages hold no data themselves; their scripts read
-//! `/v1/status` (every two seconds) and, with the admin token an operator
-//! enters, `/v1/review` and `/v1/leads/{id}`.
+//! no build step. The status page arrives with every buyer's row, every
+//! notify channel's and the lead counts rendered on the server (see
+//! `status_render`), then its script keeps it live from `/v1/status`
+//! (every two seconds) and, with the admin token an operator enters, reads
+//! `/v1/review` and `/v1/leads/{id}`.
 
 use actix_web::http::header;
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 
-use super::ApiError;
+use super::status::status_view;
+use super::{status_render, ApiError, AppState};
 
 const STATUS_PAGE: &str = include_str!("../status_page/status.html");
 const LEAD_PAGE: &str = include_str!("../status_page/lead.html");
@@ -38,8 +41,13 @@ const ASSETS: [(&str, &str, &str); 4] = [
 /// The operators' status page (HTML; it reads `/v1/status`).
 #[utoipa::path(get, path = "/status", tag = "status",
     responses((status = 200, description = "The page", body = String, content_type = "text/html")))]
-pub async fn status_page() -> HttpResponse {
-    html(STATUS_PAGE)
+pub async fn status_page(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    let page = match status_view(&request, &state).await {
+        Some(status) => status_render::fill(STATUS_PAGE, &status),
+        // Not public and no token: the page asks for nothing it may not show.
+        None => status_render::fill(STATUS_PAGE, &serde_json::Value::Null),
+    };
+    html(page)
 }
 
 /// A lead's timeline (HTML; it reads `/v1/leads/{id}` with the admin token).
@@ -47,7 +55,7 @@ pub async fn status_page() -> HttpResponse {
     params(("id" = String, Path, description = "The lead's submission_id")),
     responses((status = 200, description = "The page", body = String, content_type = "text/html")))]
 pub async fn lead_page() -> HttpResponse {
-    html(LEAD_PAGE)
+    html(LEAD_PAGE.to_string())
 }
 
 /// The pages' script and style.
@@ -68,7 +76,7 @@ pub async fn asset(name: web::Path<String>) -> Result<HttpResponse, ApiError> {
         .body(*content))
 }
 
-fn html(page: &'static str) -> HttpResponse {
+fn html(page: String) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/html; charset=utf-8")
         .insert_header((header::CACHE_CONTROL, "no-cache"))

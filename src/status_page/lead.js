@@ -30,9 +30,18 @@ async function load() {
     document.getElementById("fields").textContent = JSON.stringify(lead.fields, null, 2);
     document.getElementById("attribution").textContent = JSON.stringify(lead.attribution, null, 2);
     document.getElementById("raw").textContent = (lead.raw_content_type || "") + "\n\n" + lead.raw;
+    document.getElementById("token-form").hidden = true;
   } catch (error) {
     document.getElementById("why").textContent = error.message;
+    // Opened from a link (an alert, a chat message): ask for the token here.
+    document.getElementById("token-form").hidden = false;
   }
 }
+
+document.getElementById("token-form").addEventListener("submit", event => {
+  event.preventDefault();
+  setAdminToken(document.getElementById("token").value);
+  load();
+});
 
 load();

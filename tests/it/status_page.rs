@@ -60,6 +60,19 @@ async fn status_and_metrics_report_buyers_leads_and_the_spool(backend: Backend) 
         assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
     }
 
+    // The page itself, as curl sees it: every buyer's row is in the HTML.
+    let page = app
+        .send(app.client.get(app.url("/status")), "")
+        .await
+        .text();
+    assert!(page.contains("<tr data-buyer=\"acme\">"), "{page}");
+    assert!(
+        page.contains("<span class=\"circuit\" data-state=\"closed\">closed</span>"),
+        "{page}"
+    );
+    assert!(page.contains("sold: <strong>1</strong>"), "{page}");
+    assert!(!page.contains("ann@example.com"), "no personal data");
+
     let openapi = app.send(app.client.get(app.url("/openapi.json")), "").await;
     assert_eq!(openapi.status, 200, "served without auth");
     let text = openapi.text();
@@ -189,13 +202,26 @@ async fn the_status_page_shows_a_circuit_opening_without_a_reload() {
 
     // The review queue leads to a lead's timeline.
     browser.resize(1280, 900).await;
-    browser
-        .run(&format!(
-            "sessionStorage.setItem('leadrouter-admin-token', '{ADMIN_TOKEN}'); return true"
-        ))
-        .await;
+    // Opened from a link without the token: the page asks for it itself.
+    browser.run("sessionStorage.clear(); return true").await;
     browser
         .open(&app.url(&format!("/status/leads/{last}")))
+        .await;
+    wait_until(
+        "the lead page to ask for the token",
+        Duration::from_secs(20),
+        || async {
+            browser
+                .run("return !document.getElementById('token-form').hidden")
+                .await
+                == true
+        },
+    )
+    .await;
+    browser
+        .run(&format!(
+            "document.getElementById('token').value = '{ADMIN_TOKEN}'; document.querySelector('#token-form button').click(); return true"
+        ))
         .await;
     wait_until(
         "the timeline to explain the lead",
