@@ -7,5 +7,6 @@ pub mod cap_use;
 pub mod delivery;
 pub mod intake_log;
 pub mod lead;
+pub mod lead_alias;
 pub mod person_key;
 pub mod sale;

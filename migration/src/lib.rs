@@ -9,6 +9,7 @@ mod m20261129_000003_operations;
 mod m20261201_000004_selling_invariants;
 mod m20261201_000005_money;
 mod m20261201_000006_deliveries;
+mod m20261201_000007_lead_aliases;
 
 /// Every migration, oldest first.
 pub struct Migrator;
@@ -23,6 +24,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000004_selling_invariants::Migration),
             Box::new(m20261201_000005_money::Migration),
             Box::new(m20261201_000006_deliveries::Migration),
+            Box::new(m20261201_000007_lead_aliases::Migration),
         ]
     }
 }

@@ -20,7 +20,7 @@ use super::router::RouteLeads;
 use super::supervision::{guarded, RestartLog};
 use crate::alerts::AlertKind;
 use crate::spool::{read_journal, SpooledLead};
-use crate::store::{is_unreachable, NewLead};
+use crate::store::{is_unreachable, NewLead, PersistOutcome};
 
 const DRAIN_EVERY: Duration = Duration::from_secs(1);
 
@@ -162,14 +162,27 @@ async fn drain_journal(
             logged => logged?,
         }
         let mut routable = Vec::new();
+        let mut aliases = Vec::new();
+        let mut take = |lead: &NewLead, outcome: &PersistOutcome| {
+            routable.extend(routable_id(outcome));
+            aliases.extend(alias_of(lead, outcome));
+        };
         match targets.store.persist_leads(&leads, &rules.duplicates).await {
-            Ok(outcomes) => routable.extend(outcomes.iter().filter_map(routable_id)),
+            Ok(outcomes) => {
+                for (lead, outcome) in leads.iter().zip(&outcomes) {
+                    take(lead, outcome);
+                }
+            }
             Err(error) if is_unreachable(&error) => return Err(DrainError::Unreachable(error)),
             Err(_) => {
                 for entry in fresh {
                     let lead = std::slice::from_ref(&entry.lead);
                     match targets.store.persist_leads(lead, &rules.duplicates).await {
-                        Ok(outcomes) => routable.extend(outcomes.iter().filter_map(routable_id)),
+                        Ok(outcomes) => {
+                            for outcome in &outcomes {
+                                take(&entry.lead, outcome);
+                            }
+                        }
                         Err(error) if is_unreachable(&error) => {
                             return Err(DrainError::Unreachable(error))
                         }
@@ -178,6 +191,8 @@ async fn drain_journal(
                 }
             }
         }
+        // Before the journal goes: the ids senders were given keep working.
+        targets.store.record_aliases(&aliases).await?;
         targets.route_to.do_send(RouteLeads { lead_ids: routable });
         let stored: Vec<String> = leads.iter().map(|lead| lead.id.clone()).collect();
         targets.couriers.deliver(&stored);
@@ -186,6 +201,17 @@ async fn drain_journal(
     let spool = targets.spool.clone();
     blocking(move || spool.remove(&journal, &spooled)).await?;
     Ok(moved)
+}
+
+/// A spooled lead whose key turned out to be stored already: its id (the
+/// one its sender was given) becomes an alias of that lead.
+fn alias_of(lead: &NewLead, outcome: &PersistOutcome) -> Option<(String, String)> {
+    match outcome {
+        PersistOutcome::Existing(row) if row.id != lead.id => {
+            Some((lead.id.clone(), row.id.clone()))
+        }
+        _ => None,
+    }
 }
 
 /// Keeps a lead the database refuses in the spool's `refused/` and alerts.

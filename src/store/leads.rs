@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use entity::{attempt, intake_log, lead, sale};
+use entity::{attempt, intake_log, lead, lead_alias, sale};
 use sea_orm::sea_query::OnConflict;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, DbErr, EntityTrait, IntoActiveModel, PaginatorTrait,
@@ -175,7 +175,45 @@ impl Store {
     }
 
     pub async fn find_lead(&self, id: &str) -> Result<Option<lead::Model>, DbErr> {
-        lead::Entity::find_by_id(id.to_string()).one(&self.db).await
+        if let Some(row) = lead::Entity::find_by_id(id.to_string())
+            .one(&self.db)
+            .await?
+        {
+            return Ok(Some(row));
+        }
+        // An id given for a spooled replay of a stored key names that lead.
+        let Some(alias) = lead_alias::Entity::find_by_id(id.to_string())
+            .one(&self.db)
+            .await?
+        else {
+            return Ok(None);
+        };
+        lead::Entity::find_by_id(alias.lead_id).one(&self.db).await
+    }
+
+    /// Records that each (alias, lead): the id a spooled lead was given
+    /// names the stored lead its key belongs to.
+    pub async fn record_aliases(&self, pairs: &[(String, String)]) -> Result<(), DbErr> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let now = Utc::now();
+        let rows = pairs
+            .iter()
+            .map(|(alias, lead_id)| lead_alias::ActiveModel {
+                alias_id: Set(alias.clone()),
+                lead_id: Set(lead_id.clone()),
+                created_at: Set(now),
+            });
+        lead_alias::Entity::insert_many(rows)
+            .on_conflict(
+                sea_orm::sea_query::OnConflict::column(lead_alias::Column::AliasId)
+                    .do_nothing()
+                    .to_owned(),
+            )
+            .exec_without_returning(&self.intake)
+            .await?;
+        Ok(())
     }
 
     /// Attempts of a lead in the order they were made.

@@ -874,3 +874,52 @@ async fn an_auction_walked_again_after_a_crash_reuses_its_pings(backend: Backend
     );
     crate::helpers::close_stores().await;
 }
+
+#[actix_web::test]
+async fn a_replay_spooled_during_a_cut_of_a_stored_key_keeps_its_id_working() {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let proxy = TcpProxy::start(server_of(&database.url));
+    let mut config = ServiceConfig::write(&through(&database.url, proxy.address), "2s", "");
+    config.test_database_url = database.url.clone();
+    let service = Service::start(&config).await;
+    let app = &service.app;
+    let stored = app.post_feed_lead(&feed_lead("kept-key")).await;
+    assert_eq!(stored.status, 200, "{}", stored.text());
+    let stored_id = stored.json()["submission_id"].as_str().unwrap().to_string();
+
+    // With the database cut, a replay of that key is spooled under an id
+    // of its own: the sender is given that id.
+    proxy.cut();
+    let spooled = app.post_feed_lead(&feed_lead("kept-key")).await;
+    assert_eq!(spooled.status, 202, "{}", spooled.text());
+    let given_id = spooled.json()["submission_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(given_id, stored_id);
+
+    proxy.restore();
+    wait_until("the spool to drain", Duration::from_secs(30), || async {
+        app.send(app.client.get(app.url("/v1/status")), "")
+            .await
+            .json()["spool"]["pending"]
+            == 0
+    })
+    .await;
+    // The id the sender was given still answers, as the stored lead.
+    let status = app
+        .send(
+            app.client
+                .get(app.url(&format!("/v1/leads/{given_id}/status"))),
+            "",
+        )
+        .await;
+    assert_eq!(status.status, 200, "{}", status.text());
+    let contract = status.json();
+    assert_eq!(contract["submission_id"], stored_id.as_str());
+    assert_eq!(contract["server_recorded"], true);
+    assert_eq!(app.lead(&given_id).await["id"], stored_id.as_str());
+    let replay = app.post_feed_lead(&feed_lead("kept-key")).await;
+    assert_eq!(replay.json()["submission_id"], stored_id.as_str());
+    assert_eq!(leads_in(app).await.len(), 1, "one lead for the key");
+}
