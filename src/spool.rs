@@ -34,6 +34,19 @@ pub struct SpooledLead {
     pub contract: Contract,
 }
 
+/// A spooled lead the database refused, kept in `refused/` for an operator
+/// (see `Spool::set_aside`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RefusedLead {
+    #[serde(flatten)]
+    pub spooled: SpooledLead,
+    /// What the database said.
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub refused_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
 /// Handle on the spool directory and its index; cheap to clone.
 #[derive(Clone)]
 pub struct Spool {
@@ -176,15 +189,64 @@ impl Spool {
     }
 
     /// Keeps a spooled lead the database refused in `refused/`, for an
-    /// operator: it is never dropped.
-    pub fn set_aside(&self, refused: &SpooledLead) -> io::Result<()> {
-        let dir = self.inner.dir.join("refused");
+    /// operator: it is never dropped, its id keeps answering (`pending`),
+    /// and it can be imported again once the cause is fixed.
+    pub fn set_aside(&self, refused: &SpooledLead, reason: &str) -> io::Result<()> {
+        let dir = self.refused_dir();
         fs::create_dir_all(&dir)?;
-        let path = dir.join(format!("{}.json", refused.lead.id));
-        let mut file = File::create(&path)?;
-        serde_json::to_writer(&mut file, refused)?;
+        let kept = RefusedLead {
+            spooled: refused.clone(),
+            reason: reason.to_string(),
+            refused_at: Some(chrono::Utc::now()),
+        };
+        let mut file = File::create(dir.join(format!("{}.json", refused.lead.id)))?;
+        serde_json::to_writer(&mut file, &kept)?;
         file.sync_all()?;
         File::open(&dir)?.sync_all()
+    }
+
+    /// Every refused lead, oldest first.
+    pub fn refused(&self) -> io::Result<Vec<RefusedLead>> {
+        let mut paths: Vec<PathBuf> = match fs::read_dir(self.refused_dir()) {
+            Ok(entries) => entries
+                .filter_map(Result::ok)
+                .map(|entry| entry.path())
+                .collect(),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(error) => return Err(error),
+        };
+        paths.retain(|path| path.extension().is_some_and(|ext| ext == "json"));
+        paths.sort();
+        paths.iter().map(|path| read_refused(path)).collect()
+    }
+
+    /// The refused lead with this id, if there is one.
+    pub fn refused_lead(&self, lead_id: &str) -> io::Result<Option<RefusedLead>> {
+        // Ids are UUIDs: nothing else names a file.
+        if lead_id.is_empty()
+            || !lead_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
+            return Ok(None);
+        }
+        let path = self.refused_dir().join(format!("{lead_id}.json"));
+        match read_refused(&path) {
+            Ok(refused) => Ok(Some(refused)),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Forgets a refused lead once it is in the database.
+    pub fn remove_refused(&self, lead_id: &str) -> io::Result<()> {
+        let dir = self.refused_dir();
+        fs::remove_file(dir.join(format!("{lead_id}.json")))?;
+        File::open(&dir)?.sync_all()
+    }
+
+    fn refused_dir(&self) -> PathBuf {
+        self.inner.dir.join("refused")
     }
 
     fn forget(&self, leads: &[SpooledLead]) {
@@ -225,6 +287,10 @@ impl Spool {
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
     }
+}
+
+fn read_refused(path: &Path) -> io::Result<RefusedLead> {
+    Ok(serde_json::from_reader(BufReader::new(File::open(path)?))?)
 }
 
 /// Reads one journal file.

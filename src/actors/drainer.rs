@@ -220,8 +220,8 @@ async fn set_aside(
     entry: &SpooledLead,
     error: &sea_orm::DbErr,
 ) -> Result<(), DrainError> {
-    let (spool, kept) = (targets.spool.clone(), entry.clone());
-    blocking(move || spool.set_aside(&kept)).await?;
+    let (spool, kept, reason) = (targets.spool.clone(), entry.clone(), error.to_string());
+    blocking(move || spool.set_aside(&kept, &reason)).await?;
     let message = format!(
         "spooled lead {} was refused by the database ({error}); kept in the spool's refused/ for an operator",
         entry.lead.id

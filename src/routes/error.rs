@@ -29,6 +29,9 @@ pub enum ApiError {
     /// The resource's state does not allow it (e.g. rerouting a sold lead).
     #[error("{0}")]
     Conflict(String),
+    /// The database refuses what was asked (a constraint, a trigger).
+    #[error("{0}")]
+    Refused(String),
     #[error("{0} is unavailable")]
     Unavailable(String),
     #[error("the database is unavailable")]
@@ -45,6 +48,7 @@ impl ApiError {
             Self::BadRequest(_) => "bad_request",
             Self::NotFound(_) => "not_found",
             Self::Conflict(_) => "conflict",
+            Self::Refused(_) => "refused",
             Self::Unavailable(_) => "unavailable",
             Self::Database(_) => "database_unavailable",
         }
@@ -60,6 +64,7 @@ impl ResponseError for ApiError {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::Refused(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable(_) | Self::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }

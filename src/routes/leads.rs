@@ -34,8 +34,15 @@ pub async fn status(
     if let Some(contract) = state.tree.spool.contract_of(&path) {
         return Ok(HttpResponse::Ok().json(contract));
     }
-    let row = find(&state, &path).await?;
-    Ok(HttpResponse::Ok().json(contract_of_row(&row)))
+    match find(&state, &path).await {
+        Ok(row) => Ok(HttpResponse::Ok().json(contract_of_row(&row))),
+        // Refused by the database after it was spooled: still safe on disk.
+        Err(ApiError::NotFound(what)) => match state.tree.spool.refused_lead(&path) {
+            Ok(Some(refused)) => Ok(HttpResponse::Ok().json(refused.spooled.contract)),
+            _ => Err(ApiError::NotFound(what)),
+        },
+        Err(error) => Err(error),
+    }
 }
 
 /// `GET /v1/leads/{id}`: everything about the lead, attempts in order.

@@ -13,6 +13,7 @@ mod intake;
 mod leads;
 mod openapi;
 mod report;
+mod spool;
 mod status;
 mod status_page;
 mod status_render;
@@ -89,6 +90,11 @@ pub fn configure(config: &mut web::ServiceConfig, settings: &SharedSettings) {
                 .route(web::get().to(leads::status)),
         )
         .route("/v1/review", web::get().to(leads::review))
+        .route("/v1/spool/refused", web::get().to(spool::refused))
+        .route(
+            "/v1/spool/refused/{id}/import",
+            web::post().to(spool::import),
+        )
         .route("/v1/status", web::get().to(status::status))
         .route("/metrics", web::get().to(status::metrics))
         .route("/openapi.json", web::get().to(openapi::openapi_json))

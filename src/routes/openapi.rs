@@ -8,7 +8,7 @@ use serde_json::Value;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
-use super::{admin, buyers, health, intake, leads, report, status, status_page};
+use super::{admin, buyers, health, intake, leads, report, spool, status, status_page};
 use crate::domain::Contract;
 
 #[derive(OpenApi)]
@@ -24,6 +24,8 @@ use crate::domain::Contract;
         leads::show,
         leads::list,
         leads::review,
+        spool::refused,
+        spool::import,
         admin::fix,
         admin::reroute,
         admin::resolve,

@@ -923,3 +923,102 @@ async fn a_replay_spooled_during_a_cut_of_a_stored_key_keeps_its_id_working() {
     assert_eq!(replay.json()["submission_id"], stored_id.as_str());
     assert_eq!(leads_in(app).await.len(), 1, "one lead for the key");
 }
+
+#[actix_web::test]
+async fn a_spooled_lead_the_database_refuses_stays_visible_and_is_imported_again() {
+    use sea_orm::ConnectionTrait;
+
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let proxy = TcpProxy::start(server_of(&database.url));
+    let mut config = ServiceConfig::write(&through(&database.url, proxy.address), "2s", "");
+    config.test_database_url = database.url.clone();
+    let service = Service::start(&config).await;
+    let app = &service.app;
+    // Something the database will refuse once the lead drains (a
+    // constraint added for the test, on the test's own connection).
+    let direct = app.store.connection();
+    app.post_feed_lead(&feed_lead("first")).await;
+
+    proxy.cut();
+    let spooled = app.post_feed_lead(&feed_lead("refuse-me")).await;
+    assert_eq!(spooled.status, 202, "{}", spooled.text());
+    let id = spooled.json()["submission_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    direct
+        .execute_unprepared(
+            "ALTER TABLE leads ADD CONSTRAINT test_refuse CHECK (idempotency_key IS DISTINCT FROM 'refuse-me')",
+        )
+        .await
+        .unwrap();
+    proxy.restore();
+
+    let refused = || async {
+        app.admin_get("/v1/spool/refused").await.json()["refused"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    wait_until(
+        "the lead to be refused and kept",
+        Duration::from_secs(30),
+        || async { refused().await.iter().any(|lead| lead["id"] == id.as_str()) },
+    )
+    .await;
+    let listed = refused().await;
+    assert!(
+        listed[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("test_refuse"),
+        "{listed:?}"
+    );
+    assert!(
+        !listed[0].to_string().contains("@example.com"),
+        "no personal data"
+    );
+    // Its id still answers: safe, pending.
+    let status = app
+        .send(
+            app.client.get(app.url(&format!("/v1/leads/{id}/status"))),
+            "",
+        )
+        .await;
+    assert_eq!(status.status, 200, "{}", status.text());
+    assert_eq!(status.json()["acceptance"], "pending");
+    assert_eq!(status.json()["server_recorded"], true);
+
+    let import = |app: &TestApp| {
+        app.client
+            .post(app.url(&format!("/v1/spool/refused/{id}/import")))
+            .insert_header((
+                "Authorization",
+                format!("Bearer {}", crate::helpers::ADMIN_TOKEN),
+            ))
+    };
+    let still = app.send(import(app), "").await;
+    assert_eq!(
+        still.status,
+        422,
+        "the cause is not fixed yet: {}",
+        still.text()
+    );
+
+    direct
+        .execute_unprepared("ALTER TABLE leads DROP CONSTRAINT test_refuse")
+        .await
+        .unwrap();
+    let imported = app.send(import(app), "").await;
+    assert_eq!(imported.status, 200, "{}", imported.text());
+    assert_eq!(imported.json()["submission_id"], id.as_str());
+    assert!(refused().await.is_empty());
+    app.wait_for_state(&id, "unsold").await;
+    let status = app
+        .send(
+            app.client.get(app.url(&format!("/v1/leads/{id}/status"))),
+            "",
+        )
+        .await;
+    assert_eq!(status.json()["acceptance"], "accepted");
+}
