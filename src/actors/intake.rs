@@ -218,9 +218,9 @@ async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Wait
 
 /// After a batch the database refused: each lead on its own, so one bad row
 /// cannot fail its neighbours, each within the write deadline and with its
-/// intake log row first (unless the batch's were written: `logged`); a
-/// lead the database cannot be reached for (or not in time) goes to the
-/// spool.
+/// intake log row first (unless the batch's were written: `logged`); from
+/// the first lead the database cannot be reached for (or not in time),
+/// the rest go to the spool.
 async fn write_one_by_one(
     targets: &IntakeTargets,
     rules: &IntakeRules,
@@ -231,6 +231,12 @@ async fn write_one_by_one(
     let mut unreachable = Vec::new();
     let mut failed = Vec::new();
     for waiting in batch {
+        // Once the database is out of reach, the rest go to the spool
+        // without waiting for it again, lead after lead.
+        if !unreachable.is_empty() {
+            unreachable.push(waiting);
+            continue;
+        }
         let lead = std::slice::from_ref(&waiting.lead);
         let stored = actix_web::rt::time::timeout(rules.write_deadline, async {
             if !logged {
