@@ -318,15 +318,15 @@ async fn a_delivery_given_up_after_a_day_alerts_and_waits_in_the_review_queue(ba
     })
     .await;
     let tries = inbox.received().len();
-    let alerts = app.admin_get("/v1/alerts").await.json();
-    assert!(
-        alerts["alerts"]
+    // The alert is raised right after the row is given up.
+    wait_until("the delivery_failed alert", WAIT, || async {
+        app.admin_get("/v1/alerts").await.json()["alerts"]
             .as_array()
             .unwrap()
             .iter()
-            .any(|alert| alert["kind"] == "delivery_failed" && alert["lead_id"] == id.as_str()),
-        "{alerts}"
-    );
+            .any(|alert| alert["kind"] == "delivery_failed" && alert["lead_id"] == id.as_str())
+    })
+    .await;
     let review = app.admin_get("/v1/review").await.json();
     assert!(
         review["leads"]
