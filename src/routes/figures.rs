@@ -56,23 +56,28 @@ impl Figures {
     }
 }
 
-/// The last read, shared by every poller.
+/// The last read, shared by every poller. A failed read is remembered as
+/// long as a good one, so while the database is down the pollers do not
+/// wait for it one after another.
 #[derive(Default)]
 pub struct FiguresCache {
-    last: Mutex<Option<(Instant, Arc<Figures>)>>,
+    last: Mutex<Option<(Instant, Result<Arc<Figures>, String>)>>,
 }
 
 impl FiguresCache {
     /// The figures, read again when the last read is older than a second.
     pub async fn get(&self, store: &Store, settings: &Settings) -> Result<Arc<Figures>, DbErr> {
         let mut last = self.last.lock().await;
-        if let Some((read_at, figures)) = last.as_ref() {
+        if let Some((read_at, read)) = last.as_ref() {
             if read_at.elapsed() < FRESH_FOR {
-                return Ok(figures.clone());
+                return read.clone().map_err(DbErr::Custom);
             }
         }
-        let figures = Arc::new(Figures::read(store, settings).await?);
-        *last = Some((Instant::now(), figures.clone()));
-        Ok(figures)
+        let read = Figures::read(store, settings)
+            .await
+            .map(Arc::new)
+            .map_err(|error| error.to_string());
+        *last = Some((Instant::now(), read.clone()));
+        read.map_err(DbErr::Custom)
     }
 }
