@@ -61,8 +61,11 @@ impl Figures {
 /// wait for it one after another.
 #[derive(Default)]
 pub struct FiguresCache {
-    last: Mutex<Option<(Instant, Result<Arc<Figures>, String>)>>,
+    last: Mutex<Option<LastRead>>,
 }
+
+/// When the figures were last read, and what came of it.
+type LastRead = (Instant, Result<Arc<Figures>, String>);
 
 impl FiguresCache {
     /// The figures, read again when the last read is older than a second.
