@@ -340,9 +340,7 @@ fn check_notify_channel(
 /// Like [`check_url`] for a URL that may hold a secret: the problem does
 /// not repeat it.
 fn check_secret_url(path: &str, url: &Secret, problem: &mut impl FnMut(String, String)) {
-    let url = url.expose();
-    let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
-    if !scheme_ok || url.parse::<awc::http::Uri>().is_err() {
+    if !is_http_url(url.expose()) {
         problem(path.to_string(), "not an http(s) URL".into());
     }
 }
@@ -370,10 +368,14 @@ fn is_origin(origin: &str) -> bool {
 }
 
 fn check_url(path: &str, url: &str, problem: &mut impl FnMut(String, String)) {
-    let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
-    if !scheme_ok || url.parse::<awc::http::Uri>().is_err() {
+    if !is_http_url(url) {
         problem(path.to_string(), format!("not an http(s) URL: {url:?}"));
     }
+}
+
+fn is_http_url(url: &str) -> bool {
+    (url.starts_with("http://") || url.starts_with("https://"))
+        && url.parse::<awc::http::Uri>().is_ok()
 }
 
 fn check_accept_rule(path: &str, rule: &AcceptRule, problem: &mut impl FnMut(String, String)) {

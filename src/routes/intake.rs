@@ -75,7 +75,7 @@ pub async fn submit(
         .and_then(|map| map.get("source"))
         .and_then(Value::as_str);
     let source = identify_source(&request, &settings, query.source.as_deref().or(body_source))?;
-    admit(&state, source, client_ip(&request))?;
+    admit(&state, source, client_ip(&request, &settings))?;
 
     let header_key = header_text(&request, "idempotency-key").filter(|key| !key.trim().is_empty());
     let lead = build_lead(
@@ -83,7 +83,7 @@ pub async fn submit(
         body.to_vec(),
         content_type,
         parsed.clone(),
-        request_meta(&request),
+        request_meta(&request, &settings),
         header_key,
         IntakeLimits::of(&settings),
     );
@@ -153,8 +153,8 @@ pub async fn submit_batch(
             ))
         }
     };
-    let meta = request_meta(&request);
-    let ip = client_ip(&request);
+    let meta = request_meta(&request, &settings);
+    let ip = client_ip(&request, &settings);
 
     let envelope = std::str::from_utf8(&body)
         .map_err(|error| error.to_string())
@@ -495,11 +495,11 @@ fn contract_json(contract: &Contract, status: StatusCode) -> Value {
     body
 }
 
-fn request_meta(request: &HttpRequest) -> RequestMeta {
+fn request_meta(request: &HttpRequest, settings: &Settings) -> RequestMeta {
     RequestMeta {
         referer: header_text(request, header::REFERER.as_str()),
         user_agent: header_text(request, header::USER_AGENT.as_str()),
-        client_ip: client_ip(request).map(|ip| ip.to_string()),
+        client_ip: client_ip(request, settings).map(|ip| ip.to_string()),
         received_at: chrono::Utc::now(),
         test_header: header_text(request, "x-test-lead")
             .is_some_and(|value| matches!(value.trim(), "1" | "true" | "yes")),
@@ -507,15 +507,11 @@ fn request_meta(request: &HttpRequest) -> RequestMeta {
 }
 
 /// The peer, or the client a trusted proxy names (see `client_ip`).
-fn client_ip(request: &HttpRequest) -> Option<IpAddr> {
-    let trusted = request
-        .app_data::<web::Data<AppState>>()
-        .map(|state| state.settings().server.trusted_proxies.clone())
-        .unwrap_or_default();
+fn client_ip(request: &HttpRequest, settings: &Settings) -> Option<IpAddr> {
     crate::client_ip::client_ip(
         request.peer_addr().map(|address| address.ip()),
         request.headers(),
-        &trusted,
+        &settings.server.trusted_proxies,
     )
 }
 
