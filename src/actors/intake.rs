@@ -1,11 +1,13 @@
 //! `Intake`: stores submitted leads with group commit.
 //!
 //! Started by the `Overseer`. Handles `SubmitLead`: the lead joins the
-//! buffer; while one batch is being written the next one fills, so under
+//! buffer; while batches are being written the next one fills, so under
 //! load many leads share a transaction, and each sender is answered only
-//! after the commit that holds its lead. Per batch: the intake log rows are
-//! committed first, then the leads. A batch the database refuses is retried
-//! lead by lead, so one bad row cannot fail its neighbours. A batch the
+//! after the commit that holds its lead. On PostgreSQL several batches are
+//! written at once (`Store::intake_writers`), on SQLite one. A batch is one
+//! transaction holding its intake log rows and its leads. A batch the
+//! database refuses is retried lead by lead, each lead's log row committed
+//! before it, so one bad row cannot fail its neighbours. A batch the
 //! database cannot take (unreachable, or no answer within
 //! `write_deadline`) goes to the spool, fsynced, and its senders are
 //! answered `pending`; if the spool cannot take it either, `failed`. On
@@ -85,9 +87,10 @@ pub struct Intake {
     rules: IntakeRules,
     restarts: RestartLog,
     buffer: Vec<Waiting>,
-    /// Leads of the batch being written (0: none is); new leads wait for
-    /// the next one.
+    /// Leads of the batches being written; new leads wait for the next one.
     writing: usize,
+    /// Batches being written, at most `Store::intake_writers`.
+    batches: usize,
 }
 
 impl Intake {
@@ -98,31 +101,34 @@ impl Intake {
             restarts,
             buffer: Vec::new(),
             writing: 0,
+            batches: 0,
         }
     }
 
-    fn write_next_batch(&mut self, ctx: &mut Context<Self>) {
+    /// Starts writing buffered leads while a writer is free.
+    fn write_next_batches(&mut self, ctx: &mut Context<Self>) {
+        while self.batches < self.targets.store.intake_writers() && !self.buffer.is_empty() {
+            let take = self.buffer.len().min(MAX_BATCH);
+            self.writing += take;
+            self.batches += 1;
+            let batch: Vec<Waiting> = self.buffer.drain(..take).collect();
+            let targets = self.targets.clone();
+            let rules = self.rules.clone();
+            ctx.spawn(
+                guarded::<Self, _>("intake", write_batch(targets, rules, batch)).map(
+                    move |done, actor, ctx| {
+                        if done.is_some() {
+                            actor.writing -= take;
+                            actor.batches -= 1;
+                            actor.write_next_batches(ctx);
+                        }
+                    },
+                ),
+            );
+        }
         self.targets
             .metrics
             .intake_pending(self.buffer.len() + self.writing);
-        if self.writing > 0 || self.buffer.is_empty() {
-            return;
-        }
-        let take = self.buffer.len().min(MAX_BATCH);
-        self.writing = take;
-        let batch: Vec<Waiting> = self.buffer.drain(..take).collect();
-        let targets = self.targets.clone();
-        let rules = self.rules.clone();
-        ctx.spawn(
-            guarded::<Self, _>("intake", write_batch(targets, rules, batch)).map(
-                |done, actor, ctx| {
-                    if done.is_some() {
-                        actor.writing = 0;
-                        actor.write_next_batch(ctx);
-                    }
-                },
-            ),
-        );
     }
 }
 
@@ -132,7 +138,7 @@ impl Actor for Intake {
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(MAILBOX_CAPACITY);
         // After a restart: write what is still buffered.
-        self.write_next_batch(ctx);
+        self.write_next_batches(ctx);
     }
 }
 
@@ -140,6 +146,7 @@ impl Supervised for Intake {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
         self.restarts.restarted("intake");
         self.writing = 0;
+        self.batches = 0;
     }
 }
 
@@ -157,7 +164,7 @@ impl Handler<SubmitLead> for Intake {
             lead: message.lead,
             reply,
         });
-        self.write_next_batch(ctx);
+        self.write_next_batches(ctx);
         Box::pin(async move { answer.await.unwrap_or(Err(IntakeError::Interrupted)) })
     }
 }
@@ -168,18 +175,10 @@ async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Wait
     }
     let store = &targets.store;
     let leads: Vec<NewLead> = batch.iter().map(|waiting| waiting.lead.clone()).collect();
-    // The error says whether the intake log was written (principle 3: a
-    // lead is written only after its log row).
-    let written = actix_web::rt::time::timeout(rules.write_deadline, async {
-        store
-            .log_arrivals(&leads)
-            .await
-            .map_err(|error| (false, error))?;
-        store
-            .persist_leads(&leads, &rules.duplicates)
-            .await
-            .map_err(|error| (true, error))
-    })
+    let written = actix_web::rt::time::timeout(
+        rules.write_deadline,
+        store.log_and_persist_leads(&leads, &rules.duplicates),
+    )
     .await;
     match written {
         Ok(Ok(outcomes)) => {
@@ -190,19 +189,11 @@ async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Wait
             // Losing this message only delays routing to the next sweep.
             targets.route_to.do_send(RouteLeads { lead_ids: routable });
         }
-        Ok(Err((logged, error))) if !is_unreachable(&error) && batch.len() > 1 => {
+        Ok(Err(error)) if !is_unreachable(&error) => {
             tracing::error!(%error, leads = batch.len(), "lead insert failed; trying lead by lead");
-            write_one_by_one(&targets, &rules, batch, logged).await;
+            write_one_by_one(&targets, &rules, batch).await;
         }
-        Ok(Err((_, error))) if !is_unreachable(&error) => {
-            let failure = IntakeError::Store(error.to_string());
-            for waiting in batch {
-                let _ = waiting.reply.send(Err(failure.clone()));
-            }
-            let message = format!("intake could not store a lead: {error}");
-            raise_later(&targets.alerts, AlertKind::IntakeFailed, message);
-        }
-        Ok(Err((_, error))) => {
+        Ok(Err(error)) => {
             tracing::error!(%error, leads = batch.len(), "database unreachable; spooling until the drainer reaches it");
             spool_batch(&targets, batch).await;
         }
@@ -216,17 +207,12 @@ async fn write_batch(targets: IntakeTargets, rules: IntakeRules, batch: Vec<Wait
     }
 }
 
-/// After a batch the database refused: each lead on its own, so one bad row
-/// cannot fail its neighbours, each within the write deadline and with its
-/// intake log row first (unless the batch's were written: `logged`); from
-/// the first lead the database cannot be reached for (or not in time),
-/// the rest go to the spool.
-async fn write_one_by_one(
-    targets: &IntakeTargets,
-    rules: &IntakeRules,
-    batch: Vec<Waiting>,
-    logged: bool,
-) {
+/// After a batch the database refused (nothing of it kept): each lead on
+/// its own, so one bad row cannot fail its neighbours, each within the
+/// write deadline and with its intake log row committed first, so a lead
+/// refused still leaves its log row; from the first lead the database
+/// cannot be reached for (or not in time), the rest go to the spool.
+async fn write_one_by_one(targets: &IntakeTargets, rules: &IntakeRules, batch: Vec<Waiting>) {
     let mut routable = Vec::new();
     let mut unreachable = Vec::new();
     let mut failed = Vec::new();
@@ -239,9 +225,7 @@ async fn write_one_by_one(
         }
         let lead = std::slice::from_ref(&waiting.lead);
         let stored = actix_web::rt::time::timeout(rules.write_deadline, async {
-            if !logged {
-                targets.store.log_arrivals(lead).await?;
-            }
+            targets.store.log_arrivals(lead).await?;
             targets.store.persist_leads(lead, &rules.duplicates).await
         })
         .await;

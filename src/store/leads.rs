@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use entity::{attempt, intake_log, lead, lead_alias, sale};
 use sea_orm::sea_query::OnConflict;
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, DbErr, EntityTrait, IntoActiveModel, PaginatorTrait,
-    QueryFilter, QueryOrder, QuerySelect, TransactionTrait,
+    ActiveValue::Set, ColumnTrait, Condition, DatabaseTransaction, DbErr, EntityTrait,
+    IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, TransactionTrait,
 };
 use serde_json::{Map, Value};
 
@@ -81,21 +81,7 @@ impl Store {
     /// Writes the "arrived" records of a batch, before any lead row.
     pub async fn log_arrivals(&self, leads: &[NewLead]) -> Result<(), DbErr> {
         let txn = self.intake.begin().await?;
-        for chunk in small_statements(leads, |lead| lead.raw.len()) {
-            let rows = chunk.iter().map(|lead| intake_log::ActiveModel {
-                id: Set(crate::domain::new_id()),
-                lead_id: Set(lead.id.clone()),
-                source_id: Set(Some(lead.source_id.clone())),
-                content_type: Set(lead.raw_content_type.clone()),
-                remote_ip: Set(lead.remote_ip.clone()),
-                idempotency_key: Set(lead.idempotency_key.clone()),
-                body: Set(lead.raw.clone()),
-                received_at: Set(lead.received_at),
-            });
-            intake_log::Entity::insert_many(rows)
-                .exec_without_returning(&txn)
-                .await?;
-        }
+        insert_arrivals(&txn, leads).await?;
         txn.commit().await
     }
 
@@ -109,69 +95,33 @@ impl Store {
         rule: &DuplicateRule,
     ) -> Result<Vec<PersistOutcome>, DbErr> {
         let txn = self.intake.begin().await?;
-        let rows: Vec<lead::Model> = leads.iter().map(lead_row).collect();
-        let mut written = 0;
-        for chunk in small_statements(&rows, |row| row.raw.len() * 2) {
-            written += lead::Entity::insert_many(
-                chunk
-                    .iter()
-                    .cloned()
-                    .map(IntoActiveModel::into_active_model),
-            )
-            .on_conflict(
-                OnConflict::columns([lead::Column::SourceId, lead::Column::IdempotencyKey])
-                    .do_nothing()
-                    .to_owned(),
-            )
-            .exec_without_returning(&txn)
-            .await?;
-        }
-        let inserted: HashSet<String> = if written as usize == rows.len() {
-            rows.iter().map(|row| row.id.clone()).collect()
-        } else {
-            lead::Entity::find()
-                .select_only()
-                .column(lead::Column::Id)
-                .filter(lead::Column::Id.is_in(rows.iter().map(|row| row.id.as_str())))
-                .into_tuple()
-                .all(&txn)
-                .await?
-                .into_iter()
-                .collect()
-        };
-        let mut outcomes = Vec::with_capacity(rows.len());
-        for row in rows {
-            if inserted.contains(&row.id) {
-                outcomes.push(PersistOutcome::Inserted(row));
-                continue;
-            }
-            // A replay: its server id was never stored; answer the lead it is.
-            let existing = lead::Entity::find()
-                .filter(lead::Column::SourceId.eq(row.source_id.as_str()))
-                .filter(lead::Column::IdempotencyKey.eq(row.idempotency_key.clone()))
-                .one(&txn)
-                .await?
-                .ok_or_else(|| DbErr::RecordNotFound("lead behind a conflicting key".into()))?;
-            outcomes.push(PersistOutcome::Existing(existing));
-        }
-        let fresh: Vec<&lead::Model> = outcomes
-            .iter()
-            .filter_map(|outcome| match outcome {
-                PersistOutcome::Inserted(row) => Some(row),
-                PersistOutcome::Existing(_) => None,
-            })
-            .collect();
-        let originals = person::mark_duplicates(&txn, &fresh, rule).await?;
+        let written = insert_leads(&txn, leads, rule).await?;
         txn.commit().await?;
-        for outcome in &mut outcomes {
-            if let PersistOutcome::Inserted(row) = outcome {
-                if let Some(original) = originals.get(&row.id) {
-                    row.state = LeadState::Duplicate.as_str().into();
-                    row.duplicate_of = Some(original.clone());
-                }
-            }
-        }
-        Ok(outcomes)
+        Ok(written.outcomes())
+    }
+
+    /// Intake's write: a batch's intake log rows and its leads in one
+    /// transaction, so the log is committed with its leads (never after
+    /// them, principle 3) at the cost of one commit instead of two. If it
+    /// fails, nothing of it is kept, and the caller writes lead by lead with
+    /// the log first.
+    pub async fn log_and_persist_leads(
+        &self,
+        leads: &[NewLead],
+        rule: &DuplicateRule,
+    ) -> Result<Vec<PersistOutcome>, DbErr> {
+        let txn = self.intake.begin().await?;
+        insert_arrivals(&txn, leads).await?;
+        let written = insert_leads(&txn, leads, rule).await?;
+        txn.commit().await?;
+        Ok(written.outcomes())
+    }
+
+    /// How many batches intake may write at once: PostgreSQL commits
+    /// several transactions in parallel (one connection of intake's pool
+    /// kept for the spool drainer and replays); SQLite has one writer.
+    pub fn intake_writers(&self) -> usize {
+        self.intake_writers
     }
 
     pub async fn find_lead(&self, id: &str) -> Result<Option<lead::Model>, DbErr> {
@@ -262,6 +212,114 @@ impl Store {
         };
         Ok(LeadPage { leads, next_cursor })
     }
+}
+
+/// The intake log rows of a batch, in `txn`.
+async fn insert_arrivals(txn: &DatabaseTransaction, leads: &[NewLead]) -> Result<(), DbErr> {
+    for chunk in small_statements(leads, |lead| lead.raw.len()) {
+        let rows = chunk.iter().map(|lead| intake_log::ActiveModel {
+            id: Set(crate::domain::new_id()),
+            lead_id: Set(lead.id.clone()),
+            source_id: Set(Some(lead.source_id.clone())),
+            content_type: Set(lead.raw_content_type.clone()),
+            remote_ip: Set(lead.remote_ip.clone()),
+            idempotency_key: Set(lead.idempotency_key.clone()),
+            body: Set(lead.raw.clone()),
+            received_at: Set(lead.received_at),
+        });
+        intake_log::Entity::insert_many(rows)
+            .exec_without_returning(txn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// A batch's leads as inserted in a transaction not yet committed.
+struct InsertedLeads {
+    outcomes: Vec<PersistOutcome>,
+    /// Fresh leads that proved same-person duplicates, with their originals.
+    originals: HashMap<String, String>,
+}
+
+impl InsertedLeads {
+    /// The outcomes once committed, duplicates shown as such.
+    fn outcomes(mut self) -> Vec<PersistOutcome> {
+        for outcome in &mut self.outcomes {
+            if let PersistOutcome::Inserted(row) = outcome {
+                if let Some(original) = self.originals.get(&row.id) {
+                    row.state = LeadState::Duplicate.as_str().into();
+                    row.duplicate_of = Some(original.clone());
+                }
+            }
+        }
+        self.outcomes
+    }
+}
+
+/// Inserts a batch's leads in `txn`: keys taken already answer the lead
+/// they belong to, and same-person duplicates are marked.
+async fn insert_leads(
+    txn: &DatabaseTransaction,
+    leads: &[NewLead],
+    rule: &DuplicateRule,
+) -> Result<InsertedLeads, DbErr> {
+    let rows: Vec<lead::Model> = leads.iter().map(lead_row).collect();
+    let mut written = 0;
+    for chunk in small_statements(&rows, |row| row.raw.len() * 2) {
+        written += lead::Entity::insert_many(
+            chunk
+                .iter()
+                .cloned()
+                .map(IntoActiveModel::into_active_model),
+        )
+        .on_conflict(
+            OnConflict::columns([lead::Column::SourceId, lead::Column::IdempotencyKey])
+                .do_nothing()
+                .to_owned(),
+        )
+        .exec_without_returning(txn)
+        .await?;
+    }
+    let inserted: HashSet<String> = if written as usize == rows.len() {
+        rows.iter().map(|row| row.id.clone()).collect()
+    } else {
+        lead::Entity::find()
+            .select_only()
+            .column(lead::Column::Id)
+            .filter(lead::Column::Id.is_in(rows.iter().map(|row| row.id.as_str())))
+            .into_tuple()
+            .all(txn)
+            .await?
+            .into_iter()
+            .collect()
+    };
+    let mut outcomes = Vec::with_capacity(rows.len());
+    for row in rows {
+        if inserted.contains(&row.id) {
+            outcomes.push(PersistOutcome::Inserted(row));
+            continue;
+        }
+        // A replay: its server id was never stored; answer the lead it is.
+        let existing = lead::Entity::find()
+            .filter(lead::Column::SourceId.eq(row.source_id.as_str()))
+            .filter(lead::Column::IdempotencyKey.eq(row.idempotency_key.clone()))
+            .one(txn)
+            .await?
+            .ok_or_else(|| DbErr::RecordNotFound("lead behind a conflicting key".into()))?;
+        outcomes.push(PersistOutcome::Existing(existing));
+    }
+    let fresh: Vec<&lead::Model> = outcomes
+        .iter()
+        .filter_map(|outcome| match outcome {
+            PersistOutcome::Inserted(row) => Some(row),
+            PersistOutcome::Existing(_) => None,
+        })
+        .collect();
+    let originals = person::mark_duplicates(txn, &fresh, rule).await?;
+    Ok(InsertedLeads {
+        outcomes,
+        originals,
+    })
 }
 
 /// Bytes of row data per multi-row INSERT. sqlx does not set TCP_NODELAY

@@ -14,6 +14,7 @@ on_both_databases!(
     nul_characters_are_stored_not_refused,
     a_valid_lead_is_stored_and_accepted_at_once,
     the_intake_log_row_exists_even_when_the_lead_insert_fails,
+    a_lead_the_database_refuses_fails_alone_and_keeps_its_log_row,
     raw_bytes_come_back_byte_for_byte,
     twenty_concurrent_submissions_with_one_key_produce_one_lead,
     a_replay_by_each_key_kind_returns_the_first_contract,
@@ -100,6 +101,93 @@ async fn the_intake_log_row_exists_even_when_the_lead_insert_fails(backend: Back
         },
     )
     .await;
+}
+
+async fn a_lead_the_database_refuses_fails_alone_and_keeps_its_log_row(backend: Backend) {
+    use sea_orm::TransactionTrait;
+
+    let app = spawn_app(backend).await;
+    let db = app.store.connection();
+    // The database refuses one lead (as a constraint added by hand would).
+    let refuse: &[&str] = match backend {
+        Backend::Sqlite => &["CREATE TRIGGER refuse_poison BEFORE INSERT ON leads \
+             WHEN NEW.idempotency_key = 'poison' \
+             BEGIN SELECT RAISE(ABORT, 'refused for the test'); END"],
+        Backend::Postgres => &[
+            "CREATE FUNCTION refuse_poison() RETURNS trigger AS $$ BEGIN \
+             IF NEW.idempotency_key = 'poison' THEN RAISE EXCEPTION 'refused for the test'; \
+             END IF; RETURN NEW; END $$ LANGUAGE plpgsql",
+            "CREATE TRIGGER refuse_poison BEFORE INSERT ON leads \
+             FOR EACH ROW EXECUTE FUNCTION refuse_poison()",
+        ],
+    };
+    for statement in refuse {
+        db.execute_unprepared(statement).await.unwrap();
+    }
+    // Another connection holds the leads table, so the leads pile up and
+    // are written together once it lets go.
+    let url = crate::helpers::database_url_of(&app);
+    let blocker = sea_orm::Database::connect(url.as_str()).await.unwrap();
+    let hold = blocker.begin().await.unwrap();
+    let lock = match backend {
+        Backend::Sqlite => "CREATE TABLE test_write_lock (x INTEGER)",
+        Backend::Postgres => "LOCK TABLE leads IN EXCLUSIVE MODE",
+    };
+    hold.execute_unprepared(lock).await.unwrap();
+    let keys: Vec<String> = (0..12)
+        .map(|n| {
+            if n == 5 {
+                "poison".into()
+            } else {
+                format!("batch-{n}")
+            }
+        })
+        .collect();
+    let sent = join_all(keys.iter().map(|key| {
+        let request = app
+            .client
+            .post(app.url("/v1/leads?source=website"))
+            .insert_header(("Content-Type", "application/json"))
+            .insert_header(("Idempotency-Key", key.as_str()));
+        let body = serde_json::to_vec(&json!({"email": format!("{key}@example.com")})).unwrap();
+        app.send(request, body)
+    }));
+    let release = async {
+        wait_until("twelve leads waiting", Duration::from_secs(20), || async {
+            app.send(app.client.get(app.url("/metrics")), "")
+                .await
+                .text()
+                .contains("leadrouter_intake_pending 12")
+        })
+        .await;
+        hold.rollback().await.unwrap();
+    };
+    let (answers, ()) = futures_util::join!(sent, release);
+
+    for (key, answer) in keys.iter().zip(&answers) {
+        if key == "poison" {
+            assert_eq!(answer.status, 503, "{}", answer.text());
+            assert_eq!(answer.json()["acceptance"], "failed");
+        } else {
+            assert_eq!(answer.status, 200, "{key}: {}", answer.text());
+            assert_eq!(answer.json()["acceptance"], "accepted");
+        }
+    }
+    let stored = lead::Entity::find()
+        .filter(lead::Column::IdempotencyKey.is_in(keys.iter().map(String::as_str)))
+        .count(db)
+        .await
+        .unwrap();
+    assert_eq!(stored, 11, "every neighbour of the refused lead is stored");
+    // Every arrival left one log row, the refused one's included.
+    for key in &keys {
+        let logged = intake_log::Entity::find()
+            .filter(intake_log::Column::IdempotencyKey.eq(key.as_str()))
+            .count(db)
+            .await
+            .unwrap();
+        assert_eq!(logged, 1, "{key}'s intake log rows");
+    }
 }
 
 async fn raw_bytes_come_back_byte_for_byte(backend: Backend) {
