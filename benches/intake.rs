@@ -1,10 +1,17 @@
-//! Intake benchmark: real HTTP load at `POST /v1/leads`, next to the raw
-//! single-row insert rate of the same database measured in the same run.
+//! Intake benchmark: real HTTP load at `POST /v1/leads` of `leadrouter
+//! serve` (a child process), next to the raw single-row insert rate of the
+//! same database measured in the same run.
 //!
-//! On PostgreSQL a last phase makes the database unreachable (no new
-//! connections, the open ones terminated) while the load goes on: intake
-//! answers from the spool; then the database comes back and the bench times
-//! the drain and checks every acknowledged lead is stored once.
+//! Per database: the raw rate (autocommit INSERTs of a lead-shaped row, one
+//! connection per client on PostgreSQL, the one writer on SQLite); intake in
+//! a closed loop (leads/s, p50/p99, CPU per lead in the service, in
+//! PostgreSQL and on the whole machine); intake at a fixed rate alone; the
+//! same fixed rate while a second service routes every lead to three mock
+//! buyers and pollers read `/v1/status`. On PostgreSQL a last phase makes
+//! the database unreachable (no new connections, the open ones terminated)
+//! while the load goes on: intake answers from the spool; then the database
+//! comes back and the bench times the drain. Every request is accounted for
+//! (a run that lost one is void), and every acknowledged lead must be stored.
 //!
 //! `cargo bench --bench intake` — both databases. Environment:
 //! `BENCH_DB` (`sqlite`, `postgres` or `both`), `BENCH_SECONDS` (10),
@@ -14,18 +21,19 @@
 mod scratch_db;
 mod support;
 
+use std::cell::Cell;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use actix_web::dev::ServerHandle;
 use actix_web::rt::System;
-use leadrouter::config::{self, DatabaseSettings, Secret};
-use leadrouter::startup::Application;
-use leadrouter::store::Store;
 use scratch_db::{Backend, TestDatabase};
-use sea_orm::{ConnectionTrait, DbBackend, Statement};
-use support::{closed_loop, env_u64, fixed_rate, lead_body};
+use sea_orm::{ConnectOptions, ConnectionTrait, Database, DbBackend, Statement};
+use support::{
+    bases, buyers_toml, closed_loop, env_u64, fixed_rate, lead_body, mock_buyer, serve, CpuUse,
+    Process,
+};
 
-const CONFIG: &str = r#"
+const SOURCE: &str = r#"
 [[sources]]
 id = "bench"
 kind = "form"
@@ -60,44 +68,76 @@ fn run(backend: Backend, bench: &Settings) {
         "== {backend:?}: {} clients, {} s per phase ==",
         bench.clients, bench.seconds
     );
-    let raw = System::new().block_on(raw_insert_rate(backend, bench));
-    println!("raw single-row inserts (autocommit, 8 connections): {raw:>8.0} rows/s");
+    let (raw, connections) = System::new().block_on(raw_insert_rate(backend, bench));
+    println!("raw single-row inserts ({connections} connections, autocommit): {raw:>8.0} rows/s");
 
     let database = System::new().block_on(TestDatabase::create(backend));
-    let (port, server_handle, server) = start_server(&database.url);
-    let url = format!("http://127.0.0.1:{port}/v1/leads?source=bench");
-    let closed = System::new().block_on(closed_loop(&url, bench.clients, bench.seconds));
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("spool");
+    let service = serve(
+        dir.path(),
+        &database.url,
+        &format!("[intake]\nspool_dir = \"{}\"\n{SOURCE}", spool.display()),
+    );
+    let url = format!("{}/v1/leads?source=bench", service.base());
+
+    let cpu = CpuUse::start(&service);
+    let closed = System::new()
+        .block_on(closed_loop(&url, bench.clients, bench.seconds))
+        .accounted("closed loop");
     println!(
-        "intake, closed loop:        {:>8.0} leads/s  p50 {:>6.2} ms  p99 {:>6.2} ms  ({:.2}x the raw insert rate)",
+        "intake, closed loop:        {:>8.0} leads/s  p50 {:>6.2} ms  p99 {:>6.2} ms  ({:.2}x the raw insert rate)  {}",
         closed.rate,
         closed.p50_ms,
         closed.p99_ms,
-        closed.rate / raw
+        closed.rate / raw,
+        closed.tally()
     );
-    let fixed = System::new().block_on(fixed_rate(
-        &url,
-        bench.clients,
-        bench.fixed_rate,
-        bench.seconds,
-    ));
     println!(
-        "intake at {} leads/s:       {:>8.0} leads/s  p50 {:>6.2} ms  p99 {:>6.2} ms",
-        bench.fixed_rate, fixed.rate, fixed.p50_ms, fixed.p99_ms
+        "                            {}",
+        cpu.per_lead(&service, closed.acknowledged)
     );
-    let mut acknowledged = closed.acknowledged + fixed.acknowledged;
+
+    let alone = System::new()
+        .block_on(fixed_rate(
+            &url,
+            bench.clients,
+            bench.fixed_rate,
+            bench.seconds,
+            50_000_000,
+        ))
+        .accounted("fixed rate");
+    println!(
+        "intake at {} leads/s alone:         p50 {:>6.2} ms  p99 {:>6.2} ms  {}",
+        bench.fixed_rate,
+        alone.p50_ms,
+        alone.p99_ms,
+        alone.tally()
+    );
+    let routing = routing_phase(backend, bench);
+    println!(
+        "intake at {} leads/s, routing on:   p50 {:>6.2} ms  p99 {:>6.2} ms  ({:.2}x the p99 alone)  {}",
+        bench.fixed_rate,
+        routing.p50_ms,
+        routing.p99_ms,
+        routing.p99_ms / alone.p99_ms,
+        routing.tally()
+    );
+
+    let mut acknowledged = closed.acknowledged + alone.acknowledged;
     if backend == Backend::Postgres {
-        let spooled = System::new().block_on(spool_phase(&database.url, port, bench));
+        let spooled = System::new().block_on(spool_phase(&database.url, &service, bench));
         println!(
-            "intake, database unreachable (spool): {:>8.0} leads/s  p50 {:>6.2} ms  p99 {:>6.2} ms  ({:.2}x intake with the database)",
+            "intake, database unreachable (spool): {:>8.0} leads/s  p50 {:>6.2} ms  p99 {:>6.2} ms  ({:.2}x intake with the database)  {}",
             spooled.rate,
             spooled.p50_ms,
             spooled.p99_ms,
-            spooled.rate / closed.rate
+            spooled.rate / closed.rate,
+            spooled.tally()
         );
         acknowledged += spooled.acknowledged;
     }
-    System::new().block_on(server_handle.stop(true));
-    let _ = server.join();
+    drop(service);
     let stored = System::new().block_on(count_leads(&database.url));
     println!("acknowledged {acknowledged} leads, {stored} stored");
     assert_eq!(
@@ -106,10 +146,77 @@ fn run(backend: Backend, bench: &Settings) {
     );
 }
 
+/// The fixed rate against a second service whose every lead is routed to
+/// three mock buyers (20 ms each, many slots), while four pollers read
+/// `/v1/status` without pause: routing and readers load the database as
+/// hard as they can while intake goes on.
+fn routing_phase(backend: Backend, bench: &Settings) -> support::LoadResult {
+    let buyers = [
+        mock_buyer(&["--accept-rate", "0.3", "--latency", "20ms"]),
+        mock_buyer(&["--accept-rate", "0.5", "--latency", "20ms"]),
+        mock_buyer(&["--accept-rate", "0.9", "--latency", "20ms"]),
+    ];
+    let database = System::new().block_on(TestDatabase::create(backend));
+    let dir = tempfile::tempdir().unwrap();
+    let service = serve(
+        dir.path(),
+        &database.url,
+        &format!(
+            "[intake]\nspool_dir = \"{}\"\n{SOURCE}{}",
+            dir.path().join("spool").display(),
+            buyers_toml(&bases(&buyers), "")
+        ),
+    );
+    let url = format!("{}/v1/leads?source=bench", service.base());
+    let status = format!("{}/v1/status", service.base());
+    let load = System::new().block_on(async {
+        let polling = Rc::new(Cell::new(true));
+        let pollers: Vec<_> = (0..4)
+            .map(|_| actix_web::rt::spawn(poll(status.clone(), polling.clone())))
+            .collect();
+        let load = fixed_rate(
+            &url,
+            bench.clients,
+            bench.fixed_rate,
+            bench.seconds,
+            80_000_000,
+        )
+        .await;
+        polling.set(false);
+        let polls: usize = futures_util::future::join_all(pollers)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .sum();
+        println!("                            ({polls} reads of /v1/status meanwhile)");
+        load
+    });
+    let load = load.accounted("fixed rate with routing");
+    let stored = System::new().block_on(count_leads(&database.url));
+    assert_eq!(
+        stored, load.acknowledged as u64,
+        "every acknowledged lead is stored"
+    );
+    load
+}
+
+/// Reads `url` one GET after another while `polling`; answers how many.
+async fn poll(url: String, polling: Rc<Cell<bool>>) -> usize {
+    let client = awc::Client::default();
+    let mut reads = 0;
+    while polling.get() {
+        if let Ok(mut response) = client.get(&url).send().await {
+            let _ = response.body().await;
+        }
+        reads += 1;
+    }
+    reads
+}
+
 /// Closed-loop load while PostgreSQL refuses the service, then the drain.
-async fn spool_phase(url: &str, port: u16, bench: &Settings) -> support::LoadResult {
+async fn spool_phase(url: &str, service: &Process, bench: &Settings) -> support::LoadResult {
     let (server, name) = url.rsplit_once('/').unwrap();
-    let admin = sea_orm::Database::connect(format!("{server}/postgres"))
+    let admin = Database::connect(format!("{server}/postgres"))
         .await
         .unwrap();
     let allow = |allowed: bool| format!("ALTER DATABASE {name} ALLOW_CONNECTIONS {allowed}");
@@ -120,11 +227,13 @@ async fn spool_phase(url: &str, port: u16, bench: &Settings) -> support::LoadRes
         ))
         .await
         .unwrap();
-    let intake = format!("http://127.0.0.1:{port}/v1/leads?source=bench");
-    let spooled = closed_loop(&intake, bench.clients, bench.seconds).await;
+    let intake = format!("{}/v1/leads?source=bench", service.base());
+    let spooled = closed_loop(&intake, bench.clients, bench.seconds)
+        .await
+        .accounted("spool phase");
     admin.execute_unprepared(&allow(true)).await.unwrap();
     let back = Instant::now();
-    let status = format!("http://127.0.0.1:{port}/v1/status");
+    let status = format!("{}/v1/status", service.base());
     let client = awc::Client::default();
     loop {
         let pending = match client.get(&status).send().await {
@@ -148,26 +257,48 @@ async fn spool_phase(url: &str, port: u16, bench: &Settings) -> support::LoadRes
     spooled
 }
 
-fn database_settings(url: &str) -> DatabaseSettings {
-    DatabaseSettings {
-        url: Secret::new(url),
-        ..DatabaseSettings::default()
-    }
-}
+/// The baseline: `clients` tasks doing one autocommit INSERT of a
+/// lead-shaped row after another, durably (SQLite in WAL with `synchronous
+/// = FULL`, as the service), over one connection per client on PostgreSQL
+/// and SQLite's one writer. Answers the rate and the connections used.
+async fn raw_insert_rate(backend: Backend, bench: &Settings) -> (f64, usize) {
+    use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 
-/// The baseline: `clients` tasks doing one autocommit INSERT after another.
-async fn raw_insert_rate(backend: Backend, bench: &Settings) -> f64 {
     let database = TestDatabase::create(backend).await;
-    let store = Store::connect(&database_settings(&database.url))
-        .await
-        .unwrap();
-    let db = store.connection().clone();
-    db.execute_unprepared("CREATE TABLE bench_raw (id TEXT PRIMARY KEY, body TEXT NOT NULL)")
-        .await
-        .unwrap();
+    let connections = match backend {
+        Backend::Sqlite => 1,
+        Backend::Postgres => bench.clients,
+    };
+    let mut options = ConnectOptions::new(database.url.clone());
+    options
+        .max_connections(connections as u32)
+        .sqlx_logging(false)
+        .map_sqlx_sqlite_opts(|options| {
+            options
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+        });
+    let db = Database::connect(options).await.unwrap();
+    let bytes = match backend {
+        Backend::Sqlite => "BLOB",
+        Backend::Postgres => "BYTEA",
+    };
+    db.execute_unprepared(&format!(
+        "CREATE TABLE bench_raw (id TEXT PRIMARY KEY, source_id TEXT NOT NULL, \
+         idempotency_key TEXT, state TEXT NOT NULL, fields TEXT NOT NULL, raw {bytes} NOT NULL, \
+         received_at TEXT NOT NULL, UNIQUE (source_id, idempotency_key))"
+    ))
+    .await
+    .unwrap();
     let sql = match db.get_database_backend() {
-        DbBackend::Postgres => "INSERT INTO bench_raw (id, body) VALUES ($1, $2)",
-        _ => "INSERT INTO bench_raw (id, body) VALUES (?, ?)",
+        DbBackend::Postgres => {
+            "INSERT INTO bench_raw (id, source_id, idempotency_key, state, fields, raw, received_at) \
+             VALUES ($1, 'bench', $2, 'received', $3, $4, $5)"
+        }
+        _ => {
+            "INSERT INTO bench_raw (id, source_id, idempotency_key, state, fields, raw, received_at) \
+             VALUES (?, 'bench', ?, 'received', ?, ?, ?)"
+        }
     };
     let deadline = Instant::now() + Duration::from_secs(bench.seconds);
     let tasks = (0..bench.clients).map(|_| {
@@ -175,10 +306,18 @@ async fn raw_insert_rate(backend: Backend, bench: &Settings) -> f64 {
         actix_web::rt::spawn(async move {
             let mut rows = 0u64;
             while Instant::now() < deadline {
+                let body = lead_body(rows);
+                let id = leadrouter::domain::new_id();
                 let statement = Statement::from_sql_and_values(
                     db.get_database_backend(),
                     sql,
-                    [leadrouter::domain::new_id().into(), lead_body(rows).into()],
+                    [
+                        id.clone().into(),
+                        id.into(),
+                        body.clone().into(),
+                        body.into_bytes().into(),
+                        chrono::Utc::now().to_rfc3339().into(),
+                    ],
                 );
                 db.execute_raw(statement).await.unwrap();
                 rows += 1;
@@ -191,36 +330,18 @@ async fn raw_insert_rate(backend: Backend, bench: &Settings) -> f64 {
     for task in futures_util::future::join_all(tasks).await {
         total += task.unwrap();
     }
-    total as f64 / started.elapsed().as_secs_f64()
-}
-
-fn start_server(database_url: &str) -> (u16, ServerHandle, std::thread::JoinHandle<()>) {
-    let mut settings = config::parse(CONFIG, |_| None).unwrap();
-    settings.database = database_settings(database_url);
-    settings.server.listen = "127.0.0.1:0".into();
-    settings.intake.spool_dir = std::env::temp_dir().join(format!(
-        "leadrouter-bench-spool-{}",
-        leadrouter::domain::new_id()
-    ));
-    let (ready, port) = std::sync::mpsc::channel();
-    let server = std::thread::spawn(move || {
-        System::new().block_on(async move {
-            let application = Application::build(settings).await.unwrap();
-            ready
-                .send((application.port(), application.handle()))
-                .unwrap();
-            let _ = application.run_until_stopped().await;
-        })
-    });
-    let (port, handle) = port.recv().unwrap();
-    (port, handle, server)
+    (total as f64 / started.elapsed().as_secs_f64(), connections)
 }
 
 async fn count_leads(url: &str) -> u64 {
-    use sea_orm::{EntityTrait, PaginatorTrait};
-    let store = Store::connect(&database_settings(url)).await.unwrap();
-    entity::lead::Entity::find()
-        .count(store.connection())
+    let db = Database::connect(url).await.unwrap();
+    let row = db
+        .query_one_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT COUNT(*) AS n FROM leads",
+        ))
         .await
         .unwrap()
+        .unwrap();
+    row.try_get::<i64>("", "n").unwrap() as u64
 }

@@ -12,8 +12,6 @@
 mod scratch_db;
 mod support;
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use actix_web::rt::System;
@@ -24,10 +22,13 @@ use entity::{attempt, lead, sale};
 use leadrouter::config::{DatabaseSettings, Secret};
 use leadrouter::store::Store;
 use scratch_db::{Backend, TestDatabase};
-use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
-use support::{client, env_u64, post_lead, summarize, LoadResult};
+use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter, QuerySelect};
+use support::{bases, buyers_toml, env_u64, mock_buyer, serve, submit_count, LoadResult};
 
-const BINARY: &str = env!("CARGO_BIN_EXE_leadrouter");
+/// Each mock buyer's slots (`support::buyers_toml` gives each 64) and latency.
+const MOCK_SLOTS: u32 = 64;
+const MOCK_LATENCY_MS: f64 = 20.0;
+const LATENCY: &str = "20ms";
 
 fn main() {
     let leads = env_u64("BENCH_LEADS", 2000);
@@ -39,9 +40,9 @@ fn main() {
     println!("== routing on {backend:?}: {leads} leads, {clients} clients ==");
 
     let healthy = [
-        mock_buyer(&["--accept-rate", "0.3", "--latency", "20ms"]),
-        mock_buyer(&["--accept-rate", "0.5", "--latency", "20ms"]),
-        mock_buyer(&["--accept-rate", "0.9", "--latency", "20ms"]),
+        mock_buyer(&["--accept-rate", "0.3", "--latency", LATENCY]),
+        mock_buyer(&["--accept-rate", "0.5", "--latency", LATENCY]),
+        mock_buyer(&["--accept-rate", "0.9", "--latency", LATENCY]),
     ];
     let hanging = [
         mock_buyer(&["--hang"]),
@@ -54,7 +55,14 @@ fn main() {
         "intake only:      {:>7.0} leads/s acknowledged, p50 {:>5.2} ms, p99 {:>6.2} ms, server CPU {:>6.3} ms per lead",
         intake_only.load.rate, intake_only.load.p50_ms, intake_only.load.p99_ms, intake_only.cpu_ms / leads as f64
     );
-    let routed = run_phase(backend, "", &buyers_toml(&healthy), leads, clients, true);
+    let routed = run_phase(
+        backend,
+        "",
+        &buyers_toml(&bases(&healthy), ""),
+        leads,
+        clients,
+        true,
+    );
     let routing_cpu_ms = routed.cpu_ms - intake_only.cpu_ms;
     println!(
         "with 3 buyers:    {:>7.0} leads/s routed to a final state ({:.2}x the intake-only rate), {} outbound calls",
@@ -67,10 +75,24 @@ fn main() {
         routing_cpu_ms / routed.calls.max(1) as f64
     );
     println!(
+        "                  buyer-bound limit {:>7.0} leads/s (the busiest buyer: {MOCK_SLOTS} slots / {} ms per call / {:.2} calls per lead); routed = {:.2}x the limit",
+        routed.buyer_bound,
+        MOCK_LATENCY_MS,
+        MOCK_SLOTS as f64 / MOCK_LATENCY_MS * 1000.0 / routed.buyer_bound,
+        routed.routed_rate / routed.buyer_bound
+    );
+    println!(
         "intake latency:   healthy buyers p50 {:>5.2} ms p99 {:>6.2} ms",
         routed.load.p50_ms, routed.load.p99_ms
     );
-    let stalled = run_phase(backend, "", &buyers_toml(&hanging), leads, clients, false);
+    let stalled = run_phase(
+        backend,
+        "",
+        &buyers_toml(&bases(&hanging), ""),
+        leads,
+        clients,
+        false,
+    );
     println!(
         "                  hanging buyers p50 {:>5.2} ms p99 {:>6.2} ms ({:.2}x the healthy p99)",
         stalled.load.p50_ms,
@@ -80,7 +102,7 @@ fn main() {
     let auction = run_phase(
         backend,
         "mode = \"auction\"\nauction_window = \"500ms\"",
-        &buyers_toml(&healthy),
+        &buyers_toml(&bases(&healthy), ""),
         leads,
         clients,
         true,
@@ -102,68 +124,11 @@ fn main() {
     );
 }
 
-struct MockBuyer {
-    base: String,
-    child: Child,
-}
-
-impl Drop for MockBuyer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_address() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().to_string()
-}
-
-fn mock_buyer(args: &[&str]) -> MockBuyer {
-    let address = free_address();
-    let child = Command::new(BINARY)
-        .args(["mock-buyer", "--listen", &address])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for_port(&address);
-    MockBuyer {
-        base: format!("http://{address}"),
-        child,
-    }
-}
-
-fn wait_for_port(address: &str) {
-    let started = Instant::now();
-    while std::net::TcpStream::connect(address).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "{address} never listened"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn buyers_toml(buyers: &[MockBuyer; 3]) -> String {
-    buyers
-        .iter()
-        .enumerate()
-        .map(|(index, buyer)| {
-            format!(
-                "[[buyers]]\nid = \"b{index}\"\npriority = {index}\nmax_concurrency = 64\n\
-                 [buyers.ping]\nurl = \"{base}/ping\"\naccept = {{ path = \"/response\", equals = \"success\" }}\nbid_path = \"/bid\"\nping_id_path = \"/leadAuctionId\"\n\
-                 [buyers.post]\nurl = \"{base}/post\"\naccept = {{ path = \"/response\", equals = \"success\" }}\nprice_path = \"/price\"\n",
-                base = buyer.base
-            )
-        })
-        .collect()
-}
-
 struct Phase {
     load: LoadResult,
     routed_rate: f64,
+    /// Leads/s the buyers' slots and latency allow (see `buyer_bound`).
+    buyer_bound: f64,
     calls: u64,
     cpu_ms: f64,
     sold: u64,
@@ -175,8 +140,16 @@ struct Phase {
 struct Routed {
     rate: f64,
     calls: u64,
+    /// Calls to the buyer called most, per lead.
+    busiest_per_lead: f64,
     sold: u64,
     median_to_sale_ms: f64,
+}
+
+/// The leads/s the buyers allow: the busiest buyer's calls per second
+/// (its slots over its latency) over its calls per lead.
+fn buyer_bound(busiest_per_lead: f64) -> f64 {
+    MOCK_SLOTS as f64 / (MOCK_LATENCY_MS / 1000.0) / busiest_per_lead
 }
 
 /// Runs `serve` on a fresh database, submits `leads`, and (if `wait`) waits
@@ -191,76 +164,34 @@ fn run_phase(
 ) -> Phase {
     let database = System::new().block_on(TestDatabase::create(backend));
     let dir = tempfile::tempdir().unwrap();
-    let address = free_address();
-    let config = dir.path().join("leadrouter.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[server]\nlisten = \"{address}\"\n[database]\nurl = \"{url}\"\n[routing]\nsweep_interval = \"1s\"\n{routing}\n\
-             [[sources]]\nid = \"bench\"\nkind = \"form\"\nrequired = [\"email\"]\n{buyers}",
-            url = database.url
+    let server = serve(
+        dir.path(),
+        &database.url,
+        &format!(
+            "[routing]\nsweep_interval = \"1s\"\n{routing}\n\
+             [[sources]]\nid = \"bench\"\nkind = \"form\"\nrequired = [\"email\"]\n{buyers}"
         ),
-    )
-    .unwrap();
-    let mut server = Command::new(BINARY)
-        .args(["serve", "--config"])
-        .arg(&config)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for_port(&address);
-    let cpu_before = cpu_ms(server.id());
-    let url = format!("http://{address}/v1/leads?source=bench");
+    );
+    let cpu_before = server.cpu_ms();
+    let url = format!("{}/v1/leads?source=bench", server.base());
     let started = Instant::now();
-    let load = System::new().block_on(submit(&url, leads, clients));
+    let load = System::new().block_on(submit_count(&url, leads, clients));
     let routed = if wait {
         System::new().block_on(wait_until_final(&database.url, started))
     } else {
         Routed::default()
     };
-    let cpu_ms = cpu_ms(server.id()) - cpu_before;
-    let _ = server.kill();
-    let _ = server.wait();
+    let cpu_ms = server.cpu_ms() - cpu_before;
+    drop(server);
     Phase {
         load,
         routed_rate: routed.rate,
+        buyer_bound: buyer_bound(routed.busiest_per_lead),
         calls: routed.calls,
         cpu_ms,
         sold: routed.sold,
         median_to_sale_ms: routed.median_to_sale_ms,
     }
-}
-
-/// Submits `total` leads over `clients` connections.
-async fn submit(url: &str, total: u64, clients: usize) -> LoadResult {
-    let client = client(clients);
-    let next = std::rc::Rc::new(std::cell::Cell::new(0u64));
-    let latencies = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
-    let started = Instant::now();
-    let workers = (0..clients).map(|_| {
-        let (client, url, next, latencies) = (
-            client.clone(),
-            url.to_string(),
-            next.clone(),
-            latencies.clone(),
-        );
-        async move {
-            loop {
-                let n = next.get();
-                if n >= total {
-                    break;
-                }
-                next.set(n + 1);
-                if let Some(latency) = post_lead(&client, &url, n).await {
-                    latencies.borrow_mut().push(latency);
-                }
-            }
-        }
-    });
-    futures_util::future::join_all(workers).await;
-    summarize(latencies.take(), started.elapsed())
 }
 
 async fn wait_until_final(url: &str, started: Instant) -> Routed {
@@ -288,11 +219,20 @@ async fn wait_until_final(url: &str, started: Instant) -> Routed {
     }
     let elapsed = started.elapsed();
     let total = lead::Entity::find().count(db).await.unwrap();
-    let calls = attempt::Entity::find()
+    let buyers_called: Vec<String> = attempt::Entity::find()
+        .select_only()
+        .column(attempt::Column::BuyerId)
         .filter(attempt::Column::Kind.is_in(["ping", "post"]))
-        .count(db)
+        .into_tuple()
+        .all(db)
         .await
         .unwrap();
+    let calls = buyers_called.len() as u64;
+    let mut per_buyer: HashMap<String, u64> = HashMap::new();
+    for buyer in buyers_called {
+        *per_buyer.entry(buyer).or_default() += 1;
+    }
+    let busiest = per_buyer.values().copied().max().unwrap_or(0);
     let arrived: HashMap<String, DateTime<Utc>> = lead::Entity::find()
         .all(db)
         .await
@@ -314,25 +254,8 @@ async fn wait_until_final(url: &str, started: Instant) -> Routed {
     Routed {
         rate: total as f64 / elapsed.as_secs_f64(),
         calls,
+        busiest_per_lead: busiest as f64 / total.max(1) as f64,
         sold: to_sale.len() as u64,
         median_to_sale_ms: to_sale.get(to_sale.len() / 2).copied().unwrap_or(f64::NAN),
     }
-}
-
-/// User + system CPU time of a process, from /proc (clock ticks of 10 ms).
-fn cpu_ms(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after_name = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .unwrap_or_default();
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks = |index: usize| {
-        fields
-            .get(index)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // After the name: state is field 0, utime field 11, stime field 12.
-    (ticks(11) + ticks(12)) * 10.0
 }

@@ -1,17 +1,97 @@
 //! Load helpers shared by the benchmarks: an HTTP client, lead bodies,
-//! closed-loop and fixed-rate load, and latency percentiles. Each benchmark
-//! uses a part of them.
+//! closed-loop and fixed-rate load with every request accounted for,
+//! latency percentiles, the service and mock buyers as child processes, and
+//! CPU time read from /proc. Each benchmark uses a part of them.
 #![allow(dead_code)]
 
 use std::cell::RefCell;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+pub const BINARY: &str = env!("CARGO_BIN_EXE_leadrouter");
+
+/// One load run. Every request sent is acknowledged (200/202), failed (an
+/// HTTP answer that is neither) or lost (no answer): a run with a lost
+/// request is void.
+#[derive(Default)]
 pub struct LoadResult {
     pub rate: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
+    pub sent: usize,
     pub acknowledged: usize,
+    pub failed: usize,
+}
+
+impl LoadResult {
+    /// Panics unless every request sent got an answer: a benchmark that
+    /// lost requests silently would report a rate it did not reach.
+    pub fn accounted(self, phase: &str) -> Self {
+        assert_eq!(
+            self.sent,
+            self.acknowledged + self.failed,
+            "{phase}: VOID, {} sent but {} acknowledged + {} failed",
+            self.sent,
+            self.acknowledged,
+            self.failed
+        );
+        self
+    }
+
+    /// "sent N = acknowledged A + failed F".
+    pub fn tally(&self) -> String {
+        format!(
+            "sent {} = acknowledged {} + failed {}",
+            self.sent, self.acknowledged, self.failed
+        )
+    }
+}
+
+/// What became of one request.
+pub enum Answer {
+    Acknowledged(Duration),
+    Failed,
+    Lost,
+}
+
+/// Latencies and counts gathered while a load runs.
+#[derive(Default)]
+pub struct Tally {
+    latencies: Vec<Duration>,
+    sent: usize,
+    failed: usize,
+}
+
+impl Tally {
+    pub fn count(&mut self, answer: Answer) {
+        self.sent += 1;
+        match answer {
+            Answer::Acknowledged(latency) => self.latencies.push(latency),
+            Answer::Failed => self.failed += 1,
+            Answer::Lost => {}
+        }
+    }
+
+    /// Rates over `elapsed`, percentiles of the acknowledged requests.
+    pub fn summarize(mut self, elapsed: Duration) -> LoadResult {
+        self.latencies.sort();
+        let latencies = &self.latencies;
+        let percentile = |p: f64| {
+            latencies
+                .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+                .map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)
+        };
+        LoadResult {
+            rate: latencies.len() as f64 / elapsed.as_secs_f64(),
+            p50_ms: percentile(0.50),
+            p99_ms: percentile(0.99),
+            sent: self.sent,
+            acknowledged: latencies.len(),
+            failed: self.failed,
+        }
+    }
 }
 
 pub fn client(clients: usize) -> awc::Client {
@@ -29,44 +109,83 @@ pub fn lead_body(n: u64) -> String {
     )
 }
 
-pub async fn post_lead(client: &awc::Client, url: &str, n: u64) -> Option<Duration> {
+pub async fn post_lead(client: &awc::Client, url: &str, n: u64) -> Answer {
     let started = Instant::now();
     let response = client
         .post(url)
         .insert_header(("Content-Type", "application/json"))
         .send_body(lead_body(n))
-        .await
-        .ok()?;
-    // 200 accepted, 202 pending (e.g. held in the spool): both acknowledged.
-    matches!(response.status().as_u16(), 200 | 202).then(|| started.elapsed())
+        .await;
+    match response {
+        // 200 accepted, 202 pending (e.g. held in the spool): both acknowledged.
+        Ok(response) if matches!(response.status().as_u16(), 200 | 202) => {
+            Answer::Acknowledged(started.elapsed())
+        }
+        Ok(_) => Answer::Failed,
+        Err(_) => Answer::Lost,
+    }
 }
 
 /// `clients` connections sending one lead after another, as fast as answered.
 pub async fn closed_loop(url: &str, clients: usize, seconds: u64) -> LoadResult {
     let client = client(clients);
-    let latencies = Rc::new(RefCell::new(Vec::new()));
+    let tally = Rc::new(RefCell::new(Tally::default()));
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let started = Instant::now();
     let tasks = (0..clients).map(|worker| {
-        let (client, url, latencies) = (client.clone(), url.to_string(), latencies.clone());
+        let (client, url, tally) = (client.clone(), url.to_string(), tally.clone());
         async move {
             let mut n = worker as u64 * 1_000_000;
             while Instant::now() < deadline {
-                if let Some(latency) = post_lead(&client, &url, n).await {
-                    latencies.borrow_mut().push(latency);
-                }
+                let answer = post_lead(&client, &url, n).await;
+                tally.borrow_mut().count(answer);
                 n += 1;
             }
         }
     });
     futures_util::future::join_all(tasks).await;
-    summarize(latencies.take(), started.elapsed())
+    tally.take().summarize(started.elapsed())
 }
 
-/// An open loop: one lead every 1/`fixed_rate` s, whatever the answers do.
-pub async fn fixed_rate(url: &str, clients: usize, per_second: u64, seconds: u64) -> LoadResult {
+/// `total` leads over `clients` connections, as fast as answered.
+pub async fn submit_count(url: &str, total: u64, clients: usize) -> LoadResult {
     let client = client(clients);
-    let latencies = Rc::new(RefCell::new(Vec::new()));
+    let next = Rc::new(std::cell::Cell::new(0u64));
+    let tally = Rc::new(RefCell::new(Tally::default()));
+    let started = Instant::now();
+    let workers = (0..clients).map(|_| {
+        let (client, url, next, tally) =
+            (client.clone(), url.to_string(), next.clone(), tally.clone());
+        async move {
+            loop {
+                let n = next.get();
+                if n >= total {
+                    break;
+                }
+                next.set(n + 1);
+                let answer = post_lead(&client, &url, n).await;
+                tally.borrow_mut().count(answer);
+            }
+        }
+    });
+    futures_util::future::join_all(workers).await;
+    tally
+        .take()
+        .summarize(started.elapsed())
+        .accounted("submitting leads")
+}
+
+/// An open loop: one lead every 1/`per_second` s, whatever the answers do.
+/// `first` numbers the leads so that phases do not repeat phone numbers.
+pub async fn fixed_rate(
+    url: &str,
+    clients: usize,
+    per_second: u64,
+    seconds: u64,
+    first: u64,
+) -> LoadResult {
+    let client = client(clients);
+    let tally = Rc::new(RefCell::new(Tally::default()));
     let total = per_second * seconds;
     let interval = Duration::from_secs_f64(1.0 / per_second as f64);
     let started = Instant::now();
@@ -74,30 +193,14 @@ pub async fn fixed_rate(url: &str, clients: usize, per_second: u64, seconds: u64
     for n in 0..total {
         let due = started + interval * n as u32;
         actix_web::rt::time::sleep_until(due.into()).await;
-        let (client, url, latencies) = (client.clone(), url.to_string(), latencies.clone());
+        let (client, url, tally) = (client.clone(), url.to_string(), tally.clone());
         requests.push(actix_web::rt::spawn(async move {
-            if let Some(latency) = post_lead(&client, &url, 50_000_000 + n).await {
-                latencies.borrow_mut().push(latency);
-            }
+            let answer = post_lead(&client, &url, first + n).await;
+            tally.borrow_mut().count(answer);
         }));
     }
     futures_util::future::join_all(requests).await;
-    summarize(latencies.take(), started.elapsed())
-}
-
-pub fn summarize(mut latencies: Vec<Duration>, elapsed: Duration) -> LoadResult {
-    latencies.sort();
-    let percentile = |p: f64| {
-        latencies
-            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
-            .map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)
-    };
-    LoadResult {
-        rate: latencies.len() as f64 / elapsed.as_secs_f64(),
-        p50_ms: percentile(0.50),
-        p99_ms: percentile(0.99),
-        acknowledged: latencies.len(),
-    }
+    tally.take().summarize(started.elapsed())
 }
 
 /// A number from the environment, or `default`.
@@ -106,4 +209,232 @@ pub fn env_u64(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|value| value.parse().ok())
         .unwrap_or(default)
+}
+
+/// A loopback address nobody listens on yet.
+pub fn free_address() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+pub fn wait_for_port(address: &str) {
+    let started = Instant::now();
+    while std::net::TcpStream::connect(address).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{address} never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process of the leadrouter binary, killed when dropped.
+pub struct Process {
+    pub address: String,
+    child: Child,
+}
+
+impl Process {
+    /// `leadrouter <args…>` with `--listen`-style address already in `args`,
+    /// once `address` accepts connections.
+    fn start(address: String, args: &[&str], log: &str) -> Self {
+        let child = Command::new(BINARY)
+            .args(args)
+            .env("RUST_LOG", log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for_port(&address);
+        Self { address, child }
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// User + system CPU time so far.
+    pub fn cpu_ms(&self) -> f64 {
+        cpu_ms(self.pid())
+    }
+
+    /// Resident memory now, from /proc (MiB).
+    pub fn rss_mib(&self) -> f64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|value| {
+                value
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .map_or(0.0, |kib| kib / 1024.0)
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `leadrouter mock-buyer` with these behaviour flags.
+pub fn mock_buyer(args: &[&str]) -> Process {
+    mock_buyer_at(free_address(), args)
+}
+
+/// `leadrouter mock-buyer` listening on `address`.
+pub fn mock_buyer_at(address: String, args: &[&str]) -> Process {
+    let mut all = vec!["mock-buyer", "--listen", &address];
+    all.extend_from_slice(args);
+    Process::start(address.clone(), &all, "warn")
+}
+
+/// The base URLs of these mock buyers.
+pub fn bases(buyers: &[Process]) -> Vec<String> {
+    buyers.iter().map(Process::base).collect()
+}
+
+/// `[[buyers]]` for mock buyers at these base URLs: `b0`, `b1`, … in
+/// priority order, each with 64 slots, reading the mock buyer's answers;
+/// `extra` is added to each (e.g. a `[buyers.circuit]` table).
+pub fn buyers_toml(bases: &[String], extra: &str) -> String {
+    bases
+        .iter()
+        .enumerate()
+        .map(|(index, base)| {
+            format!(
+                "[[buyers]]\nid = \"b{index}\"\npriority = {index}\nmax_concurrency = 64\n\
+                 [buyers.ping]\nurl = \"{base}/ping\"\naccept = {{ path = \"/response\", equals = \"success\" }}\nbid_path = \"/bid\"\nping_id_path = \"/leadAuctionId\"\n\
+                 [buyers.post]\nurl = \"{base}/post\"\naccept = {{ path = \"/response\", equals = \"success\" }}\nprice_path = \"/price\"\n{extra}\n"
+            )
+        })
+        .collect()
+}
+
+/// `leadrouter serve` on a configuration written to `dir`: `[server]` and
+/// `[database]` are added to `rest`.
+pub fn serve(dir: &std::path::Path, database_url: &str, rest: &str) -> Process {
+    let address = free_address();
+    let config = dir.join("leadrouter.toml");
+    std::fs::write(
+        &config,
+        format!("[server]\nlisten = \"{address}\"\n[database]\nurl = \"{database_url}\"\n{rest}"),
+    )
+    .unwrap();
+    let config = config.to_string_lossy().into_owned();
+    Process::start(address, &["serve", "--config", &config], "warn")
+}
+
+/// Resident memory of a process now, from /proc (MiB; 0 once it is gone).
+pub fn rss_mib_of(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// User + system CPU time of a process, from /proc (clock ticks of 10 ms).
+pub fn cpu_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after_name = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .unwrap_or_default();
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = |index: usize| {
+        fields
+            .get(index)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // After the name: state is field 0, utime field 11, stime field 12.
+    (ticks(11) + ticks(12)) * 10.0
+}
+
+/// CPU time of every PostgreSQL server process so far (backends come and
+/// go, so compare two readings only across a phase that keeps its pool).
+pub fn postgres_cpu_ms() -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|name| name.trim() == "postgres")
+        })
+        .map(cpu_ms)
+        .sum()
+}
+
+/// Busy CPU time of the whole machine so far (every core), from /proc/stat.
+pub fn machine_busy_ms() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|value| value.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal …: all but idle and iowait.
+    let total: f64 = ticks.iter().take(8).sum();
+    let idle = ticks.get(3).unwrap_or(&0.0) + ticks.get(4).unwrap_or(&0.0);
+    (total - idle) * 10.0
+}
+
+/// CPU spent over one phase: by the service, by PostgreSQL, by the whole
+/// machine (the load generator and everything else is the difference).
+pub struct CpuUse {
+    service: f64,
+    postgres: f64,
+    machine: f64,
+    started: Instant,
+}
+
+impl CpuUse {
+    pub fn start(service: &Process) -> Self {
+        Self {
+            service: service.cpu_ms(),
+            postgres: postgres_cpu_ms(),
+            machine: machine_busy_ms(),
+            started: Instant::now(),
+        }
+    }
+
+    /// "CPU per lead: service …, PostgreSQL …, all processes …; cores busy …".
+    pub fn per_lead(&self, service: &Process, leads: usize) -> String {
+        let leads = leads.max(1) as f64;
+        let wall = self.started.elapsed().as_secs_f64() * 1000.0;
+        let machine = machine_busy_ms() - self.machine;
+        format!(
+            "CPU per lead: service {:.3} ms, PostgreSQL {:.3} ms, all processes {:.3} ms; {:.2} of 2 cores busy",
+            (service.cpu_ms() - self.service) / leads,
+            (postgres_cpu_ms() - self.postgres) / leads,
+            machine / leads,
+            machine / wall
+        )
+    }
 }
