@@ -200,11 +200,14 @@ fn routing_phase(backend: Backend, bench: &Settings) -> support::LoadResult {
     load
 }
 
-/// Reads `url` one GET after another while `polling`; answers how many.
+/// Reads `url` every 100 ms while `polling` (four pollers: as 80 open
+/// status pages polling every 2 s); answers how many reads it made.
 async fn poll(url: String, polling: Rc<Cell<bool>>) -> usize {
     let client = awc::Client::default();
     let mut reads = 0;
+    let mut every = actix_web::rt::time::interval(Duration::from_millis(100));
     while polling.get() {
+        every.tick().await;
         if let Ok(mut response) = client.get(&url).send().await {
             let _ = response.body().await;
         }

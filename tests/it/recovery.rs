@@ -1022,3 +1022,57 @@ async fn a_spooled_lead_the_database_refuses_stays_visible_and_is_imported_again
         .await;
     assert_eq!(status.json()["acceptance"], "accepted");
 }
+
+#[actix_web::test]
+async fn connections_the_database_terminated_send_leads_to_the_spool_not_to_503() {
+    use sea_orm::ConnectionTrait;
+
+    let app = &crate::helpers::spawn_app(Backend::Postgres).await;
+    // Every connection of intake's pool open and idle.
+    let warm_up = join_all((0..20).map(|n| async move {
+        let lead = json!({"email": format!("warm-{n}@example.com")});
+        app.post_form_lead(&lead).await
+    }))
+    .await;
+    assert!(warm_up.iter().all(|answer| answer.status == 200));
+    // An administrator (or a failover) terminates every session of the
+    // database: each pooled connection fails its next statement with
+    // 57P01, "terminating connection due to administrator command".
+    let url = crate::helpers::database_url_of(app);
+    let (server, name) = url.rsplit_once('/').unwrap();
+    let admin = sea_orm::Database::connect(format!("{server}/postgres"))
+        .await
+        .unwrap();
+    admin
+        .execute_unprepared(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+        ))
+        .await
+        .unwrap();
+
+    let answers = join_all((0..10).map(|n| async move {
+        let lead = json!({"email": format!("after-{n}@example.com")});
+        app.post_form_lead(&lead).await
+    }))
+    .await;
+    // The database is there: each lead is stored at once or from the spool,
+    // never refused as if the database had refused it.
+    for answer in &answers {
+        assert!(
+            [200, 202].contains(&answer.status),
+            "{}: {}",
+            answer.status,
+            answer.text()
+        );
+    }
+    wait_until("every lead stored", Duration::from_secs(30), || async {
+        use sea_orm::PaginatorTrait;
+        // The test's own connections were terminated too: a read may fail.
+        lead::Entity::find()
+            .count(app.store.connection())
+            .await
+            .is_ok_and(|stored| stored == 30)
+    })
+    .await;
+}
