@@ -169,6 +169,7 @@ fn routing_phase(backend: Backend, bench: &Settings) -> support::LoadResult {
     );
     let url = format!("{}/v1/leads?source=bench", service.base());
     let status = format!("{}/v1/status", service.base());
+    let cpu = CpuUse::start(&service);
     let load = System::new().block_on(async {
         let polling = Rc::new(Cell::new(true));
         let pollers: Vec<_> = (0..4)
@@ -191,6 +192,10 @@ fn routing_phase(backend: Backend, bench: &Settings) -> support::LoadResult {
         println!("                            ({polls} reads of /v1/status meanwhile)");
         load
     });
+    println!(
+        "                            with routing: {}",
+        cpu.per_lead(&service, load.acknowledged)
+    );
     let load = load.accounted("fixed rate with routing");
     let stored = System::new().block_on(count_leads(&database.url));
     assert_eq!(

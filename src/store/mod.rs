@@ -9,6 +9,7 @@ mod operations;
 mod person;
 mod report;
 mod routing;
+mod sqlite_lock;
 
 use std::time::Duration;
 
@@ -125,6 +126,14 @@ async fn pool(settings: &DatabaseSettings, connections: u32) -> Result<DatabaseC
                 .journal_mode(SqliteJournalMode::Wal)
                 .synchronous(SqliteSynchronous::Full)
                 .busy_timeout(SQLITE_BUSY_TIMEOUT)
+        })
+        .map_sqlx_sqlite_pool_opts(|options| {
+            options.after_connect(|connection, _| {
+                Box::pin(sqlite_lock::wait_in_short_steps(
+                    connection,
+                    SQLITE_BUSY_TIMEOUT,
+                ))
+            })
         });
     Database::connect(options).await
 }
