@@ -1,14 +1,15 @@
 //! `Intake`: stores submitted leads with group commit.
 //!
 //! Started by the `Overseer`. Handles `SubmitLead`: the lead joins the
-//! buffer; while batches are being written the next one fills, so under
+//! buffer; while one batch is being written the next one fills, so under
 //! load many leads share a transaction, and each sender is answered only
-//! after the commit that holds its lead. On PostgreSQL several batches are
-//! written at once (`Store::intake_writers`), on SQLite one. A batch is one
-//! transaction holding its intake log rows and its leads. A batch the
-//! database refuses is retried lead by lead, each lead's log row committed
-//! before it, so one bad row cannot fail its neighbours. A batch the
-//! database cannot take (unreachable, or no answer within
+//! after the commit that holds its lead. A batch is one transaction holding
+//! its intake log rows and its leads (one commit per batch). One batch at a
+//! time on both databases: several in flight on PostgreSQL made smaller
+//! batches and cost more CPU per lead on a 2-core machine (the intake
+//! bench). A batch the database refuses is retried lead by lead, each
+//! lead's log row committed before it, so one bad row cannot fail its
+//! neighbours. A batch the database cannot take (unreachable, or no answer within
 //! `write_deadline`) goes to the spool, fsynced, and its senders are
 //! answered `pending`; if the spool cannot take it either, `failed`. On
 //! restart, leads still buffered are written; leads whose write was
@@ -87,10 +88,9 @@ pub struct Intake {
     rules: IntakeRules,
     restarts: RestartLog,
     buffer: Vec<Waiting>,
-    /// Leads of the batches being written; new leads wait for the next one.
+    /// Leads of the batch being written (0: none is); new leads wait for
+    /// the next one.
     writing: usize,
-    /// Batches being written, at most `Store::intake_writers`.
-    batches: usize,
 }
 
 impl Intake {
@@ -101,34 +101,31 @@ impl Intake {
             restarts,
             buffer: Vec::new(),
             writing: 0,
-            batches: 0,
         }
     }
 
-    /// Starts writing buffered leads while a writer is free.
-    fn write_next_batches(&mut self, ctx: &mut Context<Self>) {
-        while self.batches < self.targets.store.intake_writers() && !self.buffer.is_empty() {
-            let take = self.buffer.len().min(MAX_BATCH);
-            self.writing += take;
-            self.batches += 1;
-            let batch: Vec<Waiting> = self.buffer.drain(..take).collect();
-            let targets = self.targets.clone();
-            let rules = self.rules.clone();
-            ctx.spawn(
-                guarded::<Self, _>("intake", write_batch(targets, rules, batch)).map(
-                    move |done, actor, ctx| {
-                        if done.is_some() {
-                            actor.writing -= take;
-                            actor.batches -= 1;
-                            actor.write_next_batches(ctx);
-                        }
-                    },
-                ),
-            );
-        }
+    fn write_next_batch(&mut self, ctx: &mut Context<Self>) {
         self.targets
             .metrics
             .intake_pending(self.buffer.len() + self.writing);
+        if self.writing > 0 || self.buffer.is_empty() {
+            return;
+        }
+        let take = self.buffer.len().min(MAX_BATCH);
+        self.writing = take;
+        let batch: Vec<Waiting> = self.buffer.drain(..take).collect();
+        let targets = self.targets.clone();
+        let rules = self.rules.clone();
+        ctx.spawn(
+            guarded::<Self, _>("intake", write_batch(targets, rules, batch)).map(
+                |done, actor, ctx| {
+                    if done.is_some() {
+                        actor.writing = 0;
+                        actor.write_next_batch(ctx);
+                    }
+                },
+            ),
+        );
     }
 }
 
@@ -138,7 +135,7 @@ impl Actor for Intake {
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(MAILBOX_CAPACITY);
         // After a restart: write what is still buffered.
-        self.write_next_batches(ctx);
+        self.write_next_batch(ctx);
     }
 }
 
@@ -146,7 +143,6 @@ impl Supervised for Intake {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
         self.restarts.restarted("intake");
         self.writing = 0;
-        self.batches = 0;
     }
 }
 
@@ -164,7 +160,7 @@ impl Handler<SubmitLead> for Intake {
             lead: message.lead,
             reply,
         });
-        self.write_next_batches(ctx);
+        self.write_next_batch(ctx);
         Box::pin(async move { answer.await.unwrap_or(Err(IntakeError::Interrupted)) })
     }
 }

@@ -117,13 +117,6 @@ impl Store {
         Ok(written.outcomes())
     }
 
-    /// How many batches intake may write at once: PostgreSQL commits
-    /// several transactions in parallel (one connection of intake's pool
-    /// kept for the spool drainer and replays); SQLite has one writer.
-    pub fn intake_writers(&self) -> usize {
-        self.intake_writers
-    }
-
     pub async fn find_lead(&self, id: &str) -> Result<Option<lead::Model>, DbErr> {
         if let Some(row) = lead::Entity::find_by_id(id.to_string())
             .one(&self.db)

@@ -43,8 +43,6 @@ pub struct Store {
     /// Intake's and the spool drainer's own pool: routing load and readers
     /// can never take the connections a lead needs to be stored.
     intake: DatabaseConnection,
-    /// Batches intake may write at once (see `intake_writers`).
-    intake_writers: usize,
     /// Attempt rows go through one group-committing writer.
     attempts: attempt_writer::AttemptWriter,
 }
@@ -53,16 +51,13 @@ impl Store {
     /// Connects (inside an actix system: it starts the attempt writer) with
     /// durable commits: SQLite in WAL mode with `synchronous =
     /// FULL` (fsync on every commit), PostgreSQL with its defaults.
-    /// `database.max_connections` is split: a third (at least 3) is
-    /// intake's own pool on PostgreSQL, 2 on SQLite (one writer and the
-    /// drainer's reads); the rest (at least 2) serves everything else.
+    /// `database.max_connections` is split: a quarter (at least 2) is
+    /// intake's own pool, the rest (at least 2) serves everything else.
     pub async fn connect(settings: &DatabaseSettings) -> Result<Self, DbErr> {
-        let intake_connections = if settings.is_sqlite() {
+        if settings.is_sqlite() {
             create_sqlite_parent_dir(settings.url.expose());
-            2
-        } else {
-            (settings.max_connections / 3).max(3)
-        };
+        }
+        let intake_connections = (settings.max_connections / 4).max(2);
         let other_connections = settings
             .max_connections
             .saturating_sub(intake_connections)
@@ -73,13 +68,6 @@ impl Store {
             attempts: attempt_writer::AttemptWriter::start(db.clone()),
             db,
             intake,
-            // One of intake's connections stays free for the drainer and
-            // replays, so a batch never waits for its own pool.
-            intake_writers: if settings.is_sqlite() {
-                1
-            } else {
-                intake_connections as usize - 1
-            },
         })
     }
 
