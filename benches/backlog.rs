@@ -52,13 +52,7 @@ fn main() {
 
     let addresses: Vec<String> = (0..3).map(|_| free_address()).collect();
     let bases: Vec<String> = addresses.iter().map(|a| format!("http://{a}")).collect();
-    let database = System::new().block_on(TestDatabase::create(backend));
-    let dir = tempfile::tempdir().unwrap();
-    let service = serve(
-        dir.path(),
-        &database.url,
-        &format!("{SOURCE}{}", buyers_toml(&bases, CIRCUIT)),
-    );
+    let (_database, _dir, service) = start_service(backend, &bases);
     let memory = RssSampler::start(service.pid());
     let idle_mib = service.rss_mib();
     let url = format!("{}/v1/leads?source=bench", service.base());
@@ -122,13 +116,7 @@ fn fresh_run(backend: Backend, leads: u64, clients: usize) -> f64 {
         .map(|(address, args)| mock_buyer_at(address, args))
         .collect();
     let bases: Vec<String> = buyers.iter().map(Process::base).collect();
-    let database = System::new().block_on(TestDatabase::create(backend));
-    let dir = tempfile::tempdir().unwrap();
-    let service = serve(
-        dir.path(),
-        &database.url,
-        &format!("{SOURCE}{}", buyers_toml(&bases, CIRCUIT)),
-    );
+    let (_database, _dir, service) = start_service(backend, &bases);
     let url = format!("{}/v1/leads?source=bench", service.base());
     let status = format!("{}/v1/status", service.base());
     let started = Instant::now();
@@ -140,6 +128,19 @@ fn fresh_run(backend: Backend, leads: u64, clients: usize) -> f64 {
         .await;
     });
     leads as f64 / started.elapsed().as_secs_f64()
+}
+
+/// `serve` on a fresh database selling to the buyers at `bases` (the
+/// database and the configuration's directory live as long as it runs).
+fn start_service(backend: Backend, bases: &[String]) -> (TestDatabase, tempfile::TempDir, Process) {
+    let database = System::new().block_on(TestDatabase::create(backend));
+    let dir = tempfile::tempdir().unwrap();
+    let service = serve(
+        dir.path(),
+        &database.url,
+        &format!("{SOURCE}{}", buyers_toml(bases, CIRCUIT)),
+    );
+    (database, dir, service)
 }
 
 /// Leads still to be routed: `received` and `routing`.

@@ -262,22 +262,9 @@ impl Process {
         cpu_ms(self.pid())
     }
 
-    /// Resident memory now, from /proc (MiB).
+    /// Resident memory now (MiB).
     pub fn rss_mib(&self) -> f64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
-            .and_then(|value| {
-                value
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .map_or(0.0, |kib| kib / 1024.0)
+        rss_mib_of(self.pid())
     }
 }
 

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use std::time::Duration;
 
-use crate::helpers::{spawn_app, spawn_app_with, wait_until, Backend, PARTNER_KEY};
+use crate::helpers::{spawn_app, spawn_app_with, wait_until, Backend, TestApp, PARTNER_KEY};
 use crate::on_both_databases;
 
 on_both_databases!(
@@ -104,8 +104,6 @@ async fn the_intake_log_row_exists_even_when_the_lead_insert_fails(backend: Back
 }
 
 async fn a_lead_the_database_refuses_fails_alone_and_keeps_its_log_row(backend: Backend) {
-    use sea_orm::TransactionTrait;
-
     let app = spawn_app(backend).await;
     let db = app.store.connection();
     // The database refuses one lead (as a constraint added by hand would).
@@ -126,14 +124,7 @@ async fn a_lead_the_database_refuses_fails_alone_and_keeps_its_log_row(backend: 
     }
     // Another connection holds the leads table, so the leads pile up and
     // are written together once it lets go.
-    let url = crate::helpers::database_url_of(&app);
-    let blocker = sea_orm::Database::connect(url.as_str()).await.unwrap();
-    let hold = blocker.begin().await.unwrap();
-    let lock = match backend {
-        Backend::Sqlite => "CREATE TABLE test_write_lock (x INTEGER)",
-        Backend::Postgres => "LOCK TABLE leads IN EXCLUSIVE MODE",
-    };
-    hold.execute_unprepared(lock).await.unwrap();
+    let hold = hold_the_leads_table(&app, backend).await;
     let keys: Vec<String> = (0..12)
         .map(|n| {
             if n == 5 {
@@ -188,6 +179,22 @@ async fn a_lead_the_database_refuses_fails_alone_and_keeps_its_log_row(backend: 
             .unwrap();
         assert_eq!(logged, 1, "{key}'s intake log rows");
     }
+}
+
+/// A transaction of another connection that keeps intake from writing
+/// leads until it is rolled back.
+async fn hold_the_leads_table(app: &TestApp, backend: Backend) -> sea_orm::DatabaseTransaction {
+    use sea_orm::TransactionTrait;
+
+    let url = crate::helpers::database_url_of(app);
+    let blocker = sea_orm::Database::connect(url.as_str()).await.unwrap();
+    let hold = blocker.begin().await.unwrap();
+    let lock = match backend {
+        Backend::Sqlite => "CREATE TABLE test_write_lock (x INTEGER)",
+        Backend::Postgres => "LOCK TABLE leads IN EXCLUSIVE MODE",
+    };
+    hold.execute_unprepared(lock).await.unwrap();
+    hold
 }
 
 async fn raw_bytes_come_back_byte_for_byte(backend: Backend) {
@@ -771,21 +778,12 @@ async fn behind_a_trusted_proxy_each_client_has_its_own_ip_and_limit(backend: Ba
 }
 
 async fn over_max_pending_intake_answers_503_with_retry_after_and_keeps_nothing(backend: Backend) {
-    use sea_orm::TransactionTrait;
-
     let app = crate::helpers::spawn_app_adjusted(backend, "", |settings| {
         settings.intake.max_pending = 3;
     })
     .await;
     // Another connection holds the leads table: intake's writes wait.
-    let url = crate::helpers::database_url_of(&app);
-    let blocker = sea_orm::Database::connect(url.as_str()).await.unwrap();
-    let hold = blocker.begin().await.unwrap();
-    let lock = match backend {
-        Backend::Sqlite => "CREATE TABLE test_write_lock (x INTEGER)",
-        Backend::Postgres => "LOCK TABLE leads IN EXCLUSIVE MODE",
-    };
-    hold.execute_unprepared(lock).await.unwrap();
+    let hold = hold_the_leads_table(&app, backend).await;
 
     let keyed = |key: &'static str| {
         let request = app
