@@ -7,10 +7,13 @@
 //! a closed loop (leads/s, p50/p99, CPU per lead in the service, in
 //! PostgreSQL and on the whole machine); intake at a fixed rate alone; the
 //! same fixed rate while a second service routes every lead to three mock
-//! buyers and pollers read `/v1/status`. On PostgreSQL a last phase makes
-//! the database unreachable (no new connections, the open ones terminated)
-//! while the load goes on: intake answers from the spool; then the database
-//! comes back and the bench times the drain. Every request is accounted for
+//! buyers and pollers read `/v1/status`; for both fixed-rate phases also
+//! the p99 inside the service (its `leadrouter_intake_seconds` histogram:
+//! from the lead handed to intake to its answer), so that the database's
+//! share of a latency tail is told from the machine's. On PostgreSQL a
+//! last phase makes the database unreachable (no new connections, the open
+//! ones terminated) while the load goes on: intake answers from the spool;
+//! then the database comes back and the bench times the drain. Every request is accounted for
 //! (a run that lost one is void), and every acknowledged lead must be stored.
 //!
 //! `cargo bench --bench intake` — both databases. Environment:
@@ -29,8 +32,8 @@ use actix_web::rt::System;
 use scratch_db::{Backend, TestDatabase};
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DbBackend, Statement};
 use support::{
-    bases, buyers_toml, closed_loop, env_u64, fixed_rate, lead_body, mock_buyer, serve, CpuUse,
-    Process,
+    bases, buyers_toml, closed_loop, env_u64, fixed_rate, intake_histogram, lead_body, mock_buyer,
+    p99_bound_ms, serve, CpuUse, Process,
 };
 
 const SOURCE: &str = r#"
@@ -98,6 +101,7 @@ fn run(backend: Backend, bench: &Settings) {
         cpu.per_lead(&service, closed.acknowledged)
     );
 
+    let histogram = System::new().block_on(intake_histogram(&service.base()));
     let alone = System::new()
         .block_on(fixed_rate(
             &url,
@@ -114,7 +118,11 @@ fn run(backend: Backend, bench: &Settings) {
         alone.p99_ms,
         alone.tally()
     );
-    let routing = routing_phase(backend, bench);
+    let alone_in_service = p99_bound_ms(
+        &histogram,
+        &System::new().block_on(intake_histogram(&service.base())),
+    );
+    let (routing, routing_in_service) = routing_phase(backend, bench);
     println!(
         "intake at {} leads/s, routing on:   p50 {:>6.2} ms  p99 {:>6.2} ms  ({:.2}x the p99 alone)  {}",
         bench.fixed_rate,
@@ -122,6 +130,9 @@ fn run(backend: Backend, bench: &Settings) {
         routing.p99_ms,
         routing.p99_ms / alone.p99_ms,
         routing.tally()
+    );
+    println!(
+        "                            inside the service (handed to intake until answered): p99 <= {alone_in_service} ms alone, <= {routing_in_service} ms with routing"
     );
 
     let mut acknowledged = closed.acknowledged + alone.acknowledged;
@@ -149,8 +160,9 @@ fn run(backend: Backend, bench: &Settings) {
 /// The fixed rate against a second service whose every lead is routed to
 /// three mock buyers (20 ms each, many slots), while four pollers read
 /// `/v1/status` without pause: routing and readers load the database as
-/// hard as they can while intake goes on.
-fn routing_phase(backend: Backend, bench: &Settings) -> support::LoadResult {
+/// hard as they can while intake goes on. Also answers the service's own
+/// p99 bound (ms) over the phase.
+fn routing_phase(backend: Backend, bench: &Settings) -> (support::LoadResult, f64) {
     let buyers = [
         mock_buyer(&["--accept-rate", "0.3", "--latency", "20ms"]),
         mock_buyer(&["--accept-rate", "0.5", "--latency", "20ms"]),
@@ -170,6 +182,7 @@ fn routing_phase(backend: Backend, bench: &Settings) -> support::LoadResult {
     let url = format!("{}/v1/leads?source=bench", service.base());
     let status = format!("{}/v1/status", service.base());
     let cpu = CpuUse::start(&service);
+    let histogram = System::new().block_on(intake_histogram(&service.base()));
     let load = System::new().block_on(async {
         let polling = Rc::new(Cell::new(true));
         let pollers: Vec<_> = (0..4)
@@ -196,13 +209,17 @@ fn routing_phase(backend: Backend, bench: &Settings) -> support::LoadResult {
         "                            with routing: {}",
         cpu.per_lead(&service, load.acknowledged)
     );
+    let in_service = p99_bound_ms(
+        &histogram,
+        &System::new().block_on(intake_histogram(&service.base())),
+    );
     let load = load.accounted("fixed rate with routing");
     let stored = System::new().block_on(count_leads(&database.url));
     assert_eq!(
         stored, load.acknowledged as u64,
         "every acknowledged lead is stored"
     );
-    load
+    (load, in_service)
 }
 
 /// Reads `url` every 100 ms while `polling` (four pollers: as 80 open

@@ -425,3 +425,38 @@ impl CpuUse {
         )
     }
 }
+
+/// The service's own intake latency histogram (`leadrouter_intake_seconds`,
+/// from the handing over of a lead to its answer) as (upper bound in s,
+/// cumulative count) pairs, read from `/metrics`.
+pub async fn intake_histogram(base: &str) -> Vec<(f64, u64)> {
+    let mut response = awc::Client::default()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    let body = response.body().limit(1 << 22).await.unwrap();
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("leadrouter_intake_seconds_bucket{le=\"")?;
+            let (bound, count) = rest.split_once("\"} ")?;
+            let bound = if bound == "+Inf" {
+                f64::INFINITY
+            } else {
+                bound.parse().ok()?
+            };
+            Some((bound, count.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The bucket bound (ms) under which 99 % of the observations made between
+/// two readings of `intake_histogram` fall.
+pub fn p99_bound_ms(before: &[(f64, u64)], after: &[(f64, u64)]) -> f64 {
+    let counted = |bucket: usize| after[bucket].1 - before.get(bucket).map_or(0, |b| b.1);
+    let total = after.last().map_or(0, |_| counted(after.len() - 1));
+    (0..after.len())
+        .find(|&bucket| counted(bucket) as f64 >= total as f64 * 0.99)
+        .map_or(f64::NAN, |bucket| after[bucket].0 * 1000.0)
+}
