@@ -9,9 +9,9 @@
 //! batches and cost more CPU per lead on a 2-core machine (the intake
 //! bench). A batch the database refuses is retried lead by lead, each
 //! lead's log row committed before it, so one bad row cannot fail its
-//! neighbours. A batch the database cannot take (unreachable, or no answer within
-//! `write_deadline`) goes to the spool, fsynced, and its senders are
-//! answered `pending`; if the spool cannot take it either, `failed`. On
+//! neighbours. A batch the database cannot take (unreachable, or no answer
+//! within `write_deadline`) goes to the spool, fsynced, and its senders
+//! are answered `pending`; if the spool cannot take it either, `failed`. On
 //! restart, leads still buffered are written; leads whose write was
 //! interrupted were answered `failed` (their senders retry with the same key).
 

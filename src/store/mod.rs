@@ -115,6 +115,8 @@ async fn pool(settings: &DatabaseSettings, connections: u32) -> Result<DatabaseC
                 .synchronous(SqliteSynchronous::Full)
                 .busy_timeout(SQLITE_BUSY_TIMEOUT)
         })
+        // Once connected, `busy_timeout`'s wait for the write lock is
+        // replaced by one that tries again in short steps (`sqlite_lock`).
         .map_sqlx_sqlite_pool_opts(|options| {
             options.after_connect(|connection, _| {
                 Box::pin(sqlite_lock::wait_in_short_steps(
