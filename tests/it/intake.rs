@@ -134,15 +134,7 @@ async fn a_lead_the_database_refuses_fails_alone_and_keeps_its_log_row(backend: 
             }
         })
         .collect();
-    let sent = join_all(keys.iter().map(|key| {
-        let request = app
-            .client
-            .post(app.url("/v1/leads?source=website"))
-            .insert_header(("Content-Type", "application/json"))
-            .insert_header(("Idempotency-Key", key.as_str()));
-        let body = serde_json::to_vec(&json!({"email": format!("{key}@example.com")})).unwrap();
-        app.send(request, body)
-    }));
+    let sent = join_all(keys.iter().map(|key| post_keyed(&app, key)));
     let release = async {
         wait_until("twelve leads waiting", Duration::from_secs(20), || async {
             app.send(app.client.get(app.url("/metrics")), "")
@@ -179,6 +171,17 @@ async fn a_lead_the_database_refuses_fails_alone_and_keeps_its_log_row(backend: 
             .unwrap();
         assert_eq!(logged, 1, "{key}'s intake log rows");
     }
+}
+
+/// A form lead `{key}@example.com` sent under `Idempotency-Key: key`.
+async fn post_keyed(app: &TestApp, key: &str) -> crate::helpers::Answer {
+    let request = app
+        .client
+        .post(app.url("/v1/leads?source=website"))
+        .insert_header(("Content-Type", "application/json"))
+        .insert_header(("Idempotency-Key", key));
+    let body = serde_json::to_vec(&json!({"email": format!("{key}@example.com")})).unwrap();
+    app.send(request, body).await
 }
 
 /// A transaction of another connection that keeps intake from writing
@@ -785,15 +788,7 @@ async fn over_max_pending_intake_answers_503_with_retry_after_and_keeps_nothing(
     // Another connection holds the leads table: intake's writes wait.
     let hold = hold_the_leads_table(&app, backend).await;
 
-    let keyed = |key: &'static str| {
-        let request = app
-            .client
-            .post(app.url("/v1/leads?source=website"))
-            .insert_header(("Content-Type", "application/json"))
-            .insert_header(("Idempotency-Key", key));
-        let body = serde_json::to_vec(&json!({"email": format!("{key}@example.com")})).unwrap();
-        app.send(request, body)
-    };
+    let keyed = |key: &'static str| post_keyed(&app, key);
     let waiting = join_all(["full-1", "full-2", "full-3"].map(keyed));
     let overflow = async {
         wait_until(
