@@ -676,7 +676,6 @@ async fn a_walk_whose_lease_ran_out_in_a_database_cut_stops_before_its_next_call
     cut_config.test_database_url = database.url.clone();
     let direct_config = ServiceConfig::write(&database.url, "2s", &buyers);
     let one = Service::start(&cut_config).await;
-    let two = Service::start(&direct_config).await;
 
     let answer = one.app.post_feed_lead(&feed_lead("cut-walk")).await;
     let lead_id = answer.json()["submission_id"].as_str().unwrap().to_string();
@@ -685,6 +684,10 @@ async fn a_walk_whose_lease_ran_out_in_a_database_cut_stops_before_its_next_call
     })
     .await;
     proxy.cut();
+    // Started once instance one walks the lead, so that it is instance
+    // one's walk that the cut interrupts (a second instance already
+    // sweeping could claim the lead first).
+    let two = Service::start(&direct_config).await;
     two.app.wait_for_state(&lead_id, "unknown").await;
     proxy.restore();
     // Instance one hears the buyer's answer after losing the lead: it
