@@ -108,7 +108,6 @@ fn run(backend: Backend, bench: &Settings) {
             bench.clients,
             bench.fixed_rate,
             bench.seconds,
-            50_000_000,
         ))
         .accounted("fixed rate");
     println!(
@@ -188,14 +187,7 @@ fn routing_phase(backend: Backend, bench: &Settings) -> (support::LoadResult, f6
         let pollers: Vec<_> = (0..4)
             .map(|_| actix_web::rt::spawn(poll(status.clone(), polling.clone())))
             .collect();
-        let load = fixed_rate(
-            &url,
-            bench.clients,
-            bench.fixed_rate,
-            bench.seconds,
-            80_000_000,
-        )
-        .await;
+        let load = fixed_rate(&url, bench.clients, bench.fixed_rate, bench.seconds).await;
         polling.set(false);
         let polls: usize = futures_util::future::join_all(pollers)
             .await
@@ -331,7 +323,7 @@ async fn raw_insert_rate(backend: Backend, bench: &Settings) -> (f64, usize) {
         actix_web::rt::spawn(async move {
             let mut rows = 0u64;
             while Instant::now() < deadline {
-                let body = lead_body(rows);
+                let body = lead_body();
                 let id = leadrouter::domain::new_id();
                 let statement = Statement::from_sql_and_values(
                     db.get_database_backend(),

@@ -101,20 +101,26 @@ pub fn client(clients: usize) -> awc::Client {
         .finish()
 }
 
-pub fn lead_body(n: u64) -> String {
+/// Phone numbers handed out so far in this process: every lead of a run is
+/// a different person (same-person duplicates take intake's slow path).
+static PHONES_USED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A lead of a person no earlier lead of this process named.
+pub fn lead_body() -> String {
     let id = leadrouter::domain::new_id();
+    let phone = PHONES_USED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    assert!(phone < 10_000_000, "the bench ran out of phone numbers");
     format!(
-        r#"{{"email":"bench-{id}@example.com","phone":"555{:07}","first_name":"Bench","state":"CA","utm_source":"bench","consent_text":"I agree to be contacted."}}"#,
-        n % 10_000_000
+        r#"{{"email":"bench-{id}@example.com","phone":"555{phone:07}","first_name":"Bench","state":"CA","utm_source":"bench","consent_text":"I agree to be contacted."}}"#,
     )
 }
 
-pub async fn post_lead(client: &awc::Client, url: &str, n: u64) -> Answer {
+pub async fn post_lead(client: &awc::Client, url: &str) -> Answer {
     let started = Instant::now();
     let response = client
         .post(url)
         .insert_header(("Content-Type", "application/json"))
-        .send_body(lead_body(n))
+        .send_body(lead_body())
         .await;
     match response {
         // 200 accepted, 202 pending (e.g. held in the spool): both acknowledged.
@@ -132,14 +138,12 @@ pub async fn closed_loop(url: &str, clients: usize, seconds: u64) -> LoadResult 
     let tally = Rc::new(RefCell::new(Tally::default()));
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let started = Instant::now();
-    let tasks = (0..clients).map(|worker| {
+    let tasks = (0..clients).map(|_| {
         let (client, url, tally) = (client.clone(), url.to_string(), tally.clone());
         async move {
-            let mut n = worker as u64 * 1_000_000;
             while Instant::now() < deadline {
-                let answer = post_lead(&client, &url, n).await;
+                let answer = post_lead(&client, &url).await;
                 tally.borrow_mut().count(answer);
-                n += 1;
             }
         }
     });
@@ -163,7 +167,7 @@ pub async fn submit_count(url: &str, total: u64, clients: usize) -> LoadResult {
                     break;
                 }
                 next.set(n + 1);
-                let answer = post_lead(&client, &url, n).await;
+                let answer = post_lead(&client, &url).await;
                 tally.borrow_mut().count(answer);
             }
         }
@@ -176,14 +180,7 @@ pub async fn submit_count(url: &str, total: u64, clients: usize) -> LoadResult {
 }
 
 /// An open loop: one lead every 1/`per_second` s, whatever the answers do.
-/// `first` numbers the leads so that phases do not repeat phone numbers.
-pub async fn fixed_rate(
-    url: &str,
-    clients: usize,
-    per_second: u64,
-    seconds: u64,
-    first: u64,
-) -> LoadResult {
+pub async fn fixed_rate(url: &str, clients: usize, per_second: u64, seconds: u64) -> LoadResult {
     let client = client(clients);
     let tally = Rc::new(RefCell::new(Tally::default()));
     let total = per_second * seconds;
@@ -195,7 +192,7 @@ pub async fn fixed_rate(
         actix_web::rt::time::sleep_until(due.into()).await;
         let (client, url, tally) = (client.clone(), url.to_string(), tally.clone());
         requests.push(actix_web::rt::spawn(async move {
-            let answer = post_lead(&client, &url, first + n).await;
+            let answer = post_lead(&client, &url).await;
             tally.borrow_mut().count(answer);
         }));
     }
