@@ -19,7 +19,7 @@
 //! for the waterfalls, and releases what is still held. A restart loses
 //! nothing: the next sweep finds every waiting lead in the database.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +39,15 @@ use crate::store::{Claimed, HeldLead, LeadEnd};
 
 /// Waterfalls running at once in one instance.
 const MAX_ACTIVE_WATERFALLS: usize = 256;
+/// Stored leads that found no room, kept by id for a claim by id (a
+/// primary-key lookup) at most; beyond it they are left to the sweep.
+const MAX_QUEUED: usize = 8192;
+/// Free slots a claim of queued leads, or a sweep, waits for while
+/// waterfalls run, so that under load one claim takes many leads.
+const CLAIM_CHUNK: usize = 32;
+/// Leads stored this recently are still on their way here in a
+/// `RouteLeads`: a sweep that reaches them has found no older backlog.
+const JUST_STORED: chrono::Duration = chrono::Duration::seconds(1);
 /// Unsold leads are offered again to a recovered buyer within this time of arrival.
 const REROUTE_WITHIN: chrono::Duration = chrono::Duration::days(1);
 
@@ -78,7 +87,10 @@ pub struct Router {
     retrying: HashSet<LeadId>,
     /// Leads a claim by id is being made for.
     claiming: HashSet<LeadId>,
-    /// More leads wait in the database than were started.
+    /// Stored leads waiting for room, oldest first (their rows are the
+    /// truth: a restart forgets this and the sweep finds them).
+    queued: VecDeque<LeadId>,
+    /// More leads wait in the database than were started or queued.
     backlog: bool,
     sweeping: bool,
     /// A sweep was asked for while one ran: run another when it ends.
@@ -112,6 +124,7 @@ impl Router {
             active: HashMap::new(),
             retrying: HashSet::new(),
             claiming: HashSet::new(),
+            queued: VecDeque::new(),
             backlog: false,
             sweeping: false,
             sweep_again: false,
@@ -128,20 +141,20 @@ impl Router {
     }
 
     /// Claims the leads that fit (one UPDATE for all), then starts a
-    /// waterfall for each lead claimed; the rest wait as rows.
+    /// waterfall for each lead claimed; the rest are queued by id.
     fn claim_and_start(&mut self, lead_ids: Vec<LeadId>, ctx: &mut Context<Self>) {
         if self.draining() {
             return;
         }
         let room = self.room();
-        let fresh: Vec<LeadId> = lead_ids
+        let mut wanted: Vec<LeadId> = lead_ids
             .into_iter()
             .filter(|id| !self.active.contains_key(id) && !self.claiming.contains(id))
             .collect();
-        if fresh.len() > room {
-            self.backlog = true;
+        if wanted.len() > room {
+            let overflow = wanted.split_off(room);
+            self.queue(overflow);
         }
-        let wanted: Vec<LeadId> = fresh.into_iter().take(room).collect();
         if wanted.is_empty() {
             return;
         }
@@ -161,7 +174,7 @@ impl Router {
                     tracing::error!(%error, "could not claim leads; the sweep will try again");
                     Claimed {
                         token: ClaimToken::fresh(),
-                        lead_ids: Vec::new(),
+                        leads: Vec::new(),
                     }
                 });
                 for lead_id in &wanted {
@@ -178,17 +191,53 @@ impl Router {
         MAX_ACTIVE_WATERFALLS.saturating_sub(self.active.len() + self.claiming.len())
     }
 
+    /// Room enough for a claim while waterfalls run: `CLAIM_CHUNK` slots,
+    /// or all of them when fewer leads wait.
+    fn room_for(&self, waiting: usize) -> bool {
+        let room = self.room();
+        room > 0 && room >= waiting.min(CLAIM_CHUNK)
+    }
+
+    /// Keeps stored leads that found no room, up to `MAX_QUEUED`; the rest
+    /// are left to the sweep.
+    fn queue(&mut self, lead_ids: Vec<LeadId>) {
+        for lead_id in lead_ids {
+            if self.queued.len() >= MAX_QUEUED {
+                self.backlog = true;
+                return;
+            }
+            self.queued.push_back(lead_id);
+        }
+    }
+
+    /// After a waterfall ended: claims queued leads once there is room for
+    /// a chunk of them, else sweeps for a backlog left in the database.
+    fn fill_room(&mut self, ctx: &mut Context<Self>) {
+        if !self.queued.is_empty() {
+            if self.room_for(self.queued.len()) {
+                let take = self.room().min(self.queued.len());
+                let lead_ids: Vec<LeadId> = self.queued.drain(..take).collect();
+                self.claim_and_start(lead_ids, ctx);
+            }
+            return;
+        }
+        if self.backlog && self.room_for(CLAIM_CHUNK) {
+            self.sweep(ctx);
+        }
+    }
+
     /// Starts a waterfall for each lead we now hold, unless one runs for it.
     /// (A sweep may claim a lead that a claim by id still waits for; that
     /// one then finds it taken and leaves it to the sweep.)
     fn start_waterfalls(&mut self, claimed: Claimed, ctx: &mut Context<Self>) {
-        for lead_id in claimed.lead_ids {
+        for lead in claimed.leads {
+            let lead_id = LeadId::from(lead.row.id.clone());
             if self.active.contains_key(&lead_id) {
                 continue;
             }
-            self.active.insert(lead_id.clone(), claimed.token.clone());
+            self.active.insert(lead_id, claimed.token.clone());
             let router = ctx.address().recipient();
-            Waterfall::new(lead_id, claimed.token.clone(), self.routing.clone(), router).start();
+            Waterfall::new(lead, claimed.token.clone(), self.routing.clone(), router).start();
         }
     }
 
@@ -221,7 +270,14 @@ impl Router {
                 router.sweeping = false;
                 match claimed {
                     Some(Ok(claimed)) => {
-                        router.backlog |= claimed.lead_ids.len() as u64 == room;
+                        // Oldest first: a full claim that reached leads just
+                        // stored left no older one behind.
+                        let just_stored = chrono::Utc::now() - JUST_STORED;
+                        let reached_new = claimed
+                            .leads
+                            .iter()
+                            .any(|lead| lead.row.received_at > just_stored);
+                        router.backlog |= claimed.leads.len() as u64 == room && !reached_new;
                         router.start_waterfalls(claimed, ctx);
                     }
                     Some(Err(error)) => {
@@ -387,9 +443,7 @@ impl Handler<WaterfallFinished> for Router {
             });
         }
         self.settle(ctx);
-        if self.backlog {
-            self.sweep(ctx);
-        }
+        self.fill_room(ctx);
         self.check_drained();
     }
 }

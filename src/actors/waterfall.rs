@@ -32,7 +32,7 @@ use crate::buyer::recorded_call::{sale_price, Offered};
 use crate::clock::Clock;
 use crate::config::{buyer_from_snapshot, RoutingMode, SharedSettings};
 use crate::domain::{AttemptKind, AttemptOutcome, CallOutcome, ClaimToken, LeadId, LeadState};
-use crate::store::{is_unreachable, FailurePolicy, LeadEnd, SaleOf, Store};
+use crate::store::{is_unreachable, ClaimedLead, FailurePolicy, LeadEnd, SaleOf, Store};
 
 /// Everything a waterfall needs, shared by all of them.
 pub struct RoutingContext {
@@ -76,6 +76,8 @@ pub enum WalkEnd {
 
 pub struct Waterfall {
     lead_id: LeadId,
+    /// The lead and its history as claimed (taken when the walk starts).
+    claimed: Option<ClaimedLead>,
     claim_token: ClaimToken,
     routing: Arc<RoutingContext>,
     router: Recipient<WaterfallFinished>,
@@ -87,13 +89,14 @@ pub struct Waterfall {
 
 impl Waterfall {
     pub fn new(
-        lead_id: LeadId,
+        claimed: ClaimedLead,
         claim_token: ClaimToken,
         routing: Arc<RoutingContext>,
         router: Recipient<WaterfallFinished>,
     ) -> Self {
         Self {
-            lead_id,
+            lead_id: LeadId::from(claimed.row.id.clone()),
+            claimed: Some(claimed),
             claim_token,
             routing,
             router,
@@ -107,13 +110,18 @@ impl Actor for Waterfall {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        // Taken once: a walk starts only once.
+        let Some(claimed) = self.claimed.take() else {
+            ctx.stop();
+            return;
+        };
         let routing = self.routing.clone();
         let (lead_id, token) = (self.lead_id.clone(), self.claim_token.clone());
         let failures_before = self.failures_before.clone();
         ctx.spawn(
             guarded::<Self, _>("waterfall", async move {
                 let span = tracing::info_span!("lead", %lead_id);
-                let end = route(&routing, &lead_id, &token, &failures_before).await;
+                let end = route(&routing, claimed, &token, &failures_before).await;
                 span.in_scope(|| tracing::info!(end = ?end, "walk ended"));
                 end
             })
@@ -193,18 +201,13 @@ impl RouteError {
 /// Routes a lead the router claimed for us under `token`.
 async fn route(
     routing: &RoutingContext,
-    lead_id: &LeadId,
+    claimed: ClaimedLead,
     token: &ClaimToken,
     failures: &Cell<u32>,
 ) -> WalkEnd {
-    let row = match routing.store.find_lead(lead_id.as_str()).await {
-        Ok(Some(row)) if row.claim_token.as_deref() == Some(token.as_str()) => row,
-        Ok(_) => return WalkEnd::Lost,
-        Err(error) => return RouteError::from(error).end(0),
-    };
-    let failures_before = u32::try_from(row.route_failures).unwrap_or(0);
+    let failures_before = u32::try_from(claimed.row.route_failures).unwrap_or(0);
     failures.set(failures_before);
-    match route_claimed(routing, &row, token).await {
+    match route_claimed(routing, &claimed.row, claimed.history, token).await {
         Ok(end) => end,
         Err(error) => error.end(failures_before),
     }
@@ -213,10 +216,10 @@ async fn route(
 async fn route_claimed(
     routing: &RoutingContext,
     row: &lead::Model,
+    mut history: Vec<attempt::Model>,
     token: &ClaimToken,
 ) -> Result<WalkEnd, RouteError> {
     let store = &routing.store;
-    let mut history = store.attempts_of(&row.id).await?;
     // Calls left in flight by a routing that stopped (a crash, a restart,
     // an answer that could not be written): settle them first. A fresh
     // lead has no history, so no extra query.

@@ -169,6 +169,30 @@ impl Store {
             .await
     }
 
+    /// The attempts of each of these leads, each lead's in the order they
+    /// were made (a lead without any has no entry).
+    pub async fn attempts_of_leads(
+        &self,
+        lead_ids: &[&str],
+    ) -> Result<HashMap<String, Vec<attempt::Model>>, DbErr> {
+        let mut histories: HashMap<String, Vec<attempt::Model>> = HashMap::new();
+        for chunk in lead_ids.chunks(500) {
+            let attempts = attempt::Entity::find()
+                .filter(attempt::Column::LeadId.is_in(chunk.iter().copied()))
+                .order_by_asc(attempt::Column::StartedAt)
+                .order_by_asc(attempt::Column::Id)
+                .all(&self.db)
+                .await?;
+            for attempt in attempts {
+                histories
+                    .entry(attempt.lead_id.clone())
+                    .or_default()
+                    .push(attempt);
+            }
+        }
+        Ok(histories)
+    }
+
     /// One page of leads; ids are time-ordered, so the id is the cursor.
     pub async fn list_leads(&self, filter: &LeadFilter) -> Result<LeadPage, DbErr> {
         let mut query = lead::Entity::find();

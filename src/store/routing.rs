@@ -11,8 +11,8 @@ use entity::{alert, attempt, lead, sale};
 use sea_orm::sea_query::Expr;
 use sea_orm::sea_query::{LockBehavior, LockType};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, ExprTrait,
-    QueryFilter, QueryOrder, QuerySelect, QueryTrait, TransactionTrait,
+    ActiveValue::Set, ColumnTrait, Condition, DbErr, EntityTrait, ExprTrait, QueryFilter,
+    QueryOrder, QuerySelect, QueryTrait, TransactionTrait,
 };
 use serde_json::Value;
 
@@ -82,7 +82,15 @@ pub struct OutcomeCounts {
 #[derive(Debug, Clone)]
 pub struct Claimed {
     pub token: ClaimToken,
-    pub lead_ids: Vec<LeadId>,
+    pub leads: Vec<ClaimedLead>,
+}
+
+/// A lead as its claim left it, with its attempts so far (oldest first),
+/// read once for the whole claim so that a walk starts without a query.
+#[derive(Debug, Clone)]
+pub struct ClaimedLead {
+    pub row: lead::Model,
+    pub history: Vec<attempt::Model>,
 }
 
 /// How a held lead is let go.
@@ -285,7 +293,8 @@ impl Store {
     /// other's rows instead of queueing on them; on SQLite (one writer at a
     /// time, and sea-query drops the lock clause) the conditional UPDATE is
     /// atomic by itself. Either way the UPDATE re-checks that each lead is
-    /// still waiting, and answers (`RETURNING`) the ids it gave our token.
+    /// still waiting, and answers (`RETURNING`) the rows it gave our token;
+    /// one more query reads their attempts.
     async fn claim(
         &self,
         pick: sea_orm::Select<lead::Entity>,
@@ -294,17 +303,21 @@ impl Store {
         lease: Duration,
     ) -> Result<Claimed, DbErr> {
         let holder = Holder::new(owner, lease);
-        // One round trip: the UPDATE answers the ids it took.
-        let mut statement = claim_statement(pick, limit, &holder, Utc::now()).into_query();
-        statement.returning_col(lead::Column::Id);
-        let taken = self.db.query_all(&statement).await?;
-        let lead_ids = taken
-            .iter()
-            .map(|row| row.try_get::<String>("", "id").map(LeadId::from))
-            .collect::<Result<_, _>>()?;
+        let rows = claim_statement(pick, limit, &holder, Utc::now())
+            .exec_with_returning(&self.db)
+            .await?;
+        let ids: Vec<&str> = rows.iter().map(|row| row.id.as_str()).collect();
+        let mut histories = self.attempts_of_leads(&ids).await?;
+        let leads = rows
+            .into_iter()
+            .map(|row| ClaimedLead {
+                history: histories.remove(&row.id).unwrap_or_default(),
+                row,
+            })
+            .collect();
         Ok(Claimed {
             token: holder.token,
-            lead_ids,
+            leads,
         })
     }
 

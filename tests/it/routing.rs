@@ -10,7 +10,9 @@ use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, PaginatorTrait, QueryF
 use serde_json::{json, Value};
 
 use crate::buyers::{accept, refusing_url, Answer, BrokenBuyer, BuyerConfig, TestBuyer};
-use crate::helpers::{spawn_app_with, wait_until, Backend, TestApp, BUYER_TOKEN};
+use crate::helpers::{
+    spawn_app_adjusted, spawn_app_with, wait_until, Backend, TestApp, BUYER_TOKEN,
+};
 use crate::on_both_databases;
 
 on_both_databases!(
@@ -27,6 +29,7 @@ on_both_databases!(
     an_operator_opens_and_closes_a_circuit,
     templates_reach_buyers_escaped_for_their_content_type,
     a_lead_taken_over_after_a_lost_settle_is_finished_from_its_history,
+    leads_beyond_the_routers_room_are_sold_as_walks_end,
 );
 
 fn attempts_of(view: &Value) -> Vec<(String, String, String)> {
@@ -675,4 +678,46 @@ async fn the_example_configuration_sells_to_mock_buyer() {
         "the ping's id is posted: {post}"
     );
     assert!(view["price"].as_f64().unwrap() >= 5.0, "{view}");
+}
+
+/// More leads at once than the router walks (256): those without room wait
+/// as rows, and each is sold once as walks end, with no sweep to find them.
+async fn leads_beyond_the_routers_room_are_sold_as_walks_end(backend: Backend) {
+    let slow = Answer::Accept {
+        delay: Duration::from_millis(500),
+    };
+    let buyer = TestBuyer::start(slow, accept());
+    let config = BuyerConfig {
+        ping_timeout: Some("10s"),
+        extra: "max_concurrency = 400",
+        ..BuyerConfig::new("slow", 1)
+    }
+    .toml(&buyer.base);
+    let app = spawn_app_adjusted(backend, &config, |settings| {
+        settings.routing.sweep_interval = Duration::from_secs(3600)
+    })
+    .await;
+    let leads = 320;
+    let answers = join_all((0..leads).map(|n| {
+        app.post_feed_lead_owned(
+            json!({"email": format!("room{n}@example.com"), "lead_id": format!("room-{n}")}),
+        )
+    }))
+    .await;
+    assert!(answers.iter().all(|answer| answer.status == 200));
+
+    let db = app.store.connection();
+    wait_until("every lead to be sold", Duration::from_secs(60), || async {
+        let sold = lead::Entity::find()
+            .filter(lead::Column::State.eq("sold"))
+            .count(db)
+            .await
+            .unwrap();
+        sold == leads
+    })
+    .await;
+    assert_eq!(sale::Entity::find().count(db).await.unwrap(), leads);
+    let pings = buyer.calls_per_lead("ping");
+    assert_eq!(pings.len() as u64, leads);
+    assert!(pings.values().all(|&calls| calls == 1), "{pings:?}");
 }
