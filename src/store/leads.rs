@@ -339,12 +339,11 @@ async fn insert_leads(
     })
 }
 
-/// Bytes of row data per multi-row INSERT. sqlx does not set TCP_NODELAY
-/// on PostgreSQL connections, so a statement that spans several TCP
-/// segments waits out the server's delayed ACK (~40 ms, measured: a
-/// 63-lead INSERT took 45 ms, eight 8-lead INSERTs 4 ms). Small statements
-/// keep a group commit fast.
-const STATEMENT_BYTES: usize = 8 * 1024;
+/// Bytes of row data per multi-row INSERT, so that one statement stays a
+/// modest message whatever the batch holds. (Bigger than sqlx's write
+/// buffer is fine: `tcp_nodelay` keeps its last part from waiting out the
+/// server's delayed ACK.)
+const STATEMENT_BYTES: usize = 64 * 1024;
 /// Room for a row's other columns besides its variable-size body.
 const ROW_OVERHEAD_BYTES: usize = 400;
 

@@ -10,10 +10,12 @@ mod person;
 mod report;
 mod routing;
 mod sqlite_lock;
+mod tcp_nodelay;
 
 use std::time::Duration;
 
 use migration::{Migrator, MigratorTrait};
+use sea_orm::sqlx::postgres::PgConnectOptions;
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
 
@@ -27,7 +29,8 @@ pub use leads::{contract_of_row, DuplicateRule, LeadFilter, LeadPage, NewLead, P
 pub use operations::{OperationError, Settlement};
 pub use report::{Money, ReportBy, ReportRow};
 pub use routing::{
-    AttemptEnd, Begun, Claimed, FailurePolicy, HeldLead, LeadEnd, NewAttempt, OutcomeCounts, SaleOf,
+    AttemptEnd, Begun, Claimed, ClaimedLead, FailurePolicy, HeldLead, LeadEnd, NewAttempt,
+    OutcomeCounts, SaleOf,
 };
 
 use crate::config::DatabaseSettings;
@@ -125,6 +128,21 @@ async fn pool(settings: &DatabaseSettings, connections: u32) -> Result<DatabaseC
                 ))
             })
         });
+    // Each new PostgreSQL connection sends small messages at once
+    // (`tcp_nodelay`).
+    let url = settings.url.expose();
+    let postgres = url
+        .starts_with("postgres")
+        .then(|| url.parse::<PgConnectOptions>());
+    if let Some(Ok(postgres)) = postgres {
+        let port = postgres.get_port();
+        options.map_sqlx_postgres_pool_opts(move |options| {
+            options.after_connect(move |_, _| {
+                tcp_nodelay::set_on_connections_to(port);
+                Box::pin(async { Ok(()) })
+            })
+        });
+    }
     Database::connect(options).await
 }
 

@@ -20,7 +20,7 @@ use serde_json::Value;
 use super::DuplicateRule;
 use crate::domain::LeadState;
 
-/// Key rows per INSERT (small statements: see `leads::STATEMENT_BYTES`).
+/// Key rows per INSERT (modest statements, as `leads::STATEMENT_BYTES`).
 const KEYS_PER_STATEMENT: usize = 64;
 /// Tries at one contended value before the write gives up (and intake
 /// retries the lead on its own).
