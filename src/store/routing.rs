@@ -480,8 +480,9 @@ impl Store {
     /// failed with an error or was skipped for (circuit, load) before
     /// `answered_at`, when it was seen answering again, and that it never
     /// gave a final answer (a rejection, a timeout) nor failed since. A
-    /// page at a time, all of them, or at most `limit` (probes); among
-    /// `only` these leads if given. Returns how many were requeued.
+    /// page at a time, all of them (each once: those let go before the
+    /// call began), or at most `limit` (probes); among `only` these leads
+    /// if given. Returns how many were requeued.
     pub async fn requeue_for_buyer(
         &self,
         buyer_id: &str,
@@ -513,6 +514,9 @@ impl Store {
                     .add(attempt::Column::Outcome.is_in(retryable_outcomes()))
                     .add(attempt::Column::StartedAt.gte(answered_at)),
             );
+        // Leads this call put back, routed and let go unsold again while it
+        // pages on, are not put back twice.
+        let started = Utc::now();
         let mut requeued = 0;
         loop {
             let page = limit.map_or(REQUEUE_PAGE, |limit| {
@@ -532,6 +536,7 @@ impl Store {
                 .filter(lead::Column::State.eq(LeadState::Unsold.as_str()))
                 .filter(lead::Column::ReceivedAt.gte(since))
                 .filter(lead::Column::HistoryFrom.is_null())
+                .filter(lead::Column::UpdatedAt.lt(started))
                 .filter(Expr::exists(at_buyer(retryable.clone())))
                 .filter(Expr::exists(at_buyer(final_or_later.clone())).not())
                 .order_by_asc(lead::Column::ReceivedAt)
