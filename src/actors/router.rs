@@ -181,6 +181,8 @@ impl Router {
                     router.claiming.remove(lead_id);
                 }
                 router.start_waterfalls(claimed, ctx);
+                // Slots this claim held but did not fill go to queued leads.
+                router.fill_room(ctx);
                 router.check_drained();
             }),
         );
