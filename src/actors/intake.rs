@@ -1,19 +1,22 @@
 //! `Intake`: stores submitted leads with group commit.
 //!
-//! Started by the `Overseer`. Handles `SubmitLead`: the lead joins the
-//! buffer; while one batch is being written the next one fills, so under
-//! load many leads share a transaction, and each sender is answered only
-//! after the commit that holds its lead. A batch is one transaction holding
-//! its intake log rows and its leads (one commit per batch). One batch at a
-//! time on both databases: several in flight on PostgreSQL made smaller
-//! batches and cost more CPU per lead on a 2-core machine (the intake
-//! bench). A batch the database refuses is retried lead by lead, each
-//! lead's log row committed before it, so one bad row cannot fail its
-//! neighbours. A batch the database cannot take (unreachable, or no answer
-//! within `write_deadline`) goes to the spool, fsynced, and its senders
-//! are answered `pending`; if the spool cannot take it either, `failed`. On
-//! restart, leads still buffered are written; leads whose write was
-//! interrupted were answered `failed` (their senders retry with the same key).
+//! Started by the `Overseer` on a thread of its own, so its commits never
+//! wait behind routing's actors for their turn. Handles `SubmitLead`: the
+//! lead joins the buffer; while one batch is being written the next one
+//! fills, so under load many leads share a transaction, and each sender is
+//! answered only after the commit that holds its lead. A batch is one
+//! transaction holding its intake log rows and its leads (one commit per
+//! batch). One batch at a time on both databases: two or three in flight on
+//! PostgreSQL made smaller batches, cost more CPU per lead on a 2-core
+//! machine and gained no leads/s (the intake bench, measured again with
+//! every bench lead a different person). A batch the database refuses is
+//! retried lead by lead, each lead's log row committed before it, so one
+//! bad row cannot fail its neighbours. A batch the database cannot take
+//! (unreachable, or no answer within `write_deadline`) goes to the spool,
+//! fsynced, and its senders are answered `pending`; if the spool cannot
+//! take it either, `failed`. On restart, leads still buffered are written;
+//! leads whose write was interrupted were answered `failed` (their senders
+//! retry with the same key).
 
 use std::time::Duration;
 

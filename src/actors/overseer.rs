@@ -57,8 +57,10 @@ pub struct Services {
 pub struct Overseer;
 
 impl Overseer {
-    /// Starts every actor on the current arbiter. `instance_id` names this
-    /// process in leases and attempt rows.
+    /// Starts every actor on the current arbiter, except intake and the
+    /// spool drainer, which run on the store's intake thread (away from
+    /// routing's actors). `instance_id` names this process in leases and
+    /// attempt rows.
     pub fn start(shared: &SharedSettings, instance_id: Arc<str>, services: Services) -> Tree {
         let settings = &*shared.current();
         let Services {
@@ -160,6 +162,7 @@ impl Overseer {
                 board: Default::default(),
             },
         );
+        let intake_thread = store.intake_thread();
         let targets = IntakeTargets {
             store,
             spool: spool.clone(),
@@ -170,9 +173,13 @@ impl Overseer {
         };
         let intake = {
             let (targets, rules, restarts) = (targets.clone(), rules.clone(), restarts.clone());
-            Supervisor::start(move |_| Intake::new(targets, rules, restarts))
+            Supervisor::start_in_arbiter(&intake_thread, move |_| {
+                Intake::new(targets, rules, restarts)
+            })
         };
-        Supervisor::start(move |_| SpoolDrainer::new(targets, rules, restarts));
+        Supervisor::start_in_arbiter(&intake_thread, move |_| {
+            SpoolDrainer::new(targets, rules, restarts)
+        });
         Tree {
             intake,
             router,

@@ -14,10 +14,12 @@ mod tcp_nodelay;
 
 use std::time::Duration;
 
+use actix::{Arbiter, ArbiterHandle};
 use migration::{Migrator, MigratorTrait};
 use sea_orm::sqlx::postgres::PgConnectOptions;
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
+use tokio::sync::oneshot;
 
 pub use attempt_writer::Written;
 pub use caps::{CapPeriod, CapSlot, CapUse};
@@ -46,13 +48,18 @@ pub struct Store {
     /// Intake's and the spool drainer's own pool: routing load and readers
     /// can never take the connections a lead needs to be stored.
     intake: DatabaseConnection,
+    /// The thread intake and the spool drainer run on, and that opened the
+    /// intake pool. A PostgreSQL connection's socket is served by the
+    /// thread that opened it, so a lead's commit never waits for the
+    /// routing thread (busy with hundreds of waterfalls) to read its answer.
+    intake_thread: ArbiterHandle,
     /// Attempt rows go through one group-committing writer.
     attempts: attempt_writer::AttemptWriter,
 }
 
 impl Store {
-    /// Connects (inside an actix system: it starts the attempt writer) with
-    /// durable commits: SQLite in WAL mode with `synchronous =
+    /// Connects (inside an actix system: it starts the intake thread and the
+    /// attempt writer) with durable commits: SQLite in WAL mode with `synchronous =
     /// FULL` (fsync on every commit), PostgreSQL with its defaults.
     /// `database.max_connections` is split: a quarter (at least 2) is
     /// intake's own pool, the rest (at least 2) serves everything else.
@@ -65,12 +72,14 @@ impl Store {
             .max_connections
             .saturating_sub(intake_connections)
             .max(2);
-        let intake = pool(settings, intake_connections).await?;
+        let intake_thread = Arbiter::new().handle();
+        let intake = pool_opened_on(&intake_thread, settings.clone(), intake_connections).await?;
         let db = pool(settings, other_connections).await?;
         Ok(Self {
             attempts: attempt_writer::AttemptWriter::start(db.clone()),
             db,
             intake,
+            intake_thread,
         })
     }
 
@@ -84,21 +93,43 @@ impl Store {
         self.db.ping().await.is_ok()
     }
 
-    /// Closes the pool: new queries fail, and this waits until every query
-    /// in flight has given its connection back. Run before the runtime
-    /// stops, so no connection is dropped outside it.
+    /// The thread for intake and the spool drainer (see `intake_thread`).
+    pub fn intake_thread(&self) -> ArbiterHandle {
+        self.intake_thread.clone()
+    }
+
+    /// Closes the pools: new queries fail, and this waits until every query
+    /// in flight has given its connection back; then the intake thread
+    /// ends. Run before the runtime stops, so no connection is dropped
+    /// outside it.
     pub async fn close(&self) {
         for pool in [&self.db, &self.intake] {
             if let Err(error) = pool.close_by_ref().await {
                 tracing::warn!(%error, "closing the database pool");
             }
         }
+        self.intake_thread.stop();
     }
 
     /// The connection, for tests and tools that inspect rows directly.
     pub fn connection(&self) -> &DatabaseConnection {
         &self.db
     }
+}
+
+/// [`pool`], connected from `thread`: connections it opens belong there.
+async fn pool_opened_on(
+    thread: &ArbiterHandle,
+    settings: DatabaseSettings,
+    connections: u32,
+) -> Result<DatabaseConnection, DbErr> {
+    let (reply, answer) = oneshot::channel();
+    thread.spawn(async move {
+        let _ = reply.send(pool(&settings, connections).await);
+    });
+    answer
+        .await
+        .map_err(|_| DbErr::Custom("the intake thread stopped".into()))?
 }
 
 /// One pool of `connections` on the configured database.

@@ -29,6 +29,7 @@ on_both_databases!(
     behind_a_trusted_proxy_each_client_has_its_own_ip_and_limit,
     over_max_pending_intake_answers_503_with_retry_after_and_keeps_nothing,
     intake_stays_accepted_while_routing_and_pollers_load_the_database,
+    a_lead_is_stored_and_answered_while_the_routing_thread_is_blocked,
 );
 
 async fn a_valid_lead_is_stored_and_accepted_at_once(backend: Backend) {
@@ -915,4 +916,47 @@ async fn intake_stays_accepted_while_routing_and_pollers_load_the_database(backe
         .await
         .json();
     assert_eq!(status["spool"]["pending"], 0, "{status}");
+}
+
+/// Intake runs on a thread of its own: with the thread that runs the
+/// router, the waterfalls and the buyers blocked (here: the test's own
+/// thread, as a busy routing load would hold it), a lead is still stored
+/// and its sender answered `accepted`.
+async fn a_lead_is_stored_and_answered_while_the_routing_thread_is_blocked(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let first = app
+        .post_form_lead(&json!({"email": "first@example.com"}))
+        .await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let url = app.url("/v1/leads?source=website");
+    let (answered, answer) = std::sync::mpsc::channel();
+    let sender = std::thread::spawn(move || {
+        actix_web::rt::System::new().block_on(async move {
+            let mut response = awc::Client::default()
+                .post(url)
+                .insert_header(("Content-Type", "application/json"))
+                .send_body(r#"{"email": "while-blocked@example.com"}"#)
+                .await
+                .expect("request sent");
+            let body = response.body().await.expect("body read");
+            answered
+                .send((response.status().as_u16(), body.to_vec()))
+                .unwrap();
+        })
+    });
+    // Blocks this thread (and every actor on it) until the answer comes.
+    let (status, body) = answer
+        .recv_timeout(Duration::from_secs(30))
+        .expect("intake answered while the routing thread was blocked");
+    sender.join().unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let contract: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(contract["acceptance"], "accepted");
+    let id = contract["submission_id"].as_str().unwrap();
+    let row = lead::Entity::find_by_id(id.to_string())
+        .one(app.store.connection())
+        .await
+        .unwrap()
+        .expect("the lead row exists once the sender is answered");
+    assert_eq!(row.fields["email"], "while-blocked@example.com");
 }
