@@ -46,11 +46,7 @@ async fn a_valid_lead_is_stored_and_accepted_at_once(backend: Backend) {
     assert_eq!(contract["replayed"], false);
     assert_eq!(contract["errors"], json!([]));
     let id = contract["submission_id"].as_str().unwrap();
-    let row = lead::Entity::find_by_id(id.to_string())
-        .one(app.store.connection())
-        .await
-        .unwrap()
-        .expect("the lead row exists once the sender is answered");
+    let row = stored_lead(&app, id).await;
     assert_eq!(row.fields["email"], "ann@example.com");
     assert_eq!(row.fields["phone"], "5550109999");
     // Routing starts at once; with no buyers configured the lead ends unsold.
@@ -953,10 +949,15 @@ async fn a_lead_is_stored_and_answered_while_the_routing_thread_is_blocked(backe
     let contract: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(contract["acceptance"], "accepted");
     let id = contract["submission_id"].as_str().unwrap();
-    let row = lead::Entity::find_by_id(id.to_string())
+    let row = stored_lead(&app, id).await;
+    assert_eq!(row.fields["email"], "while-blocked@example.com");
+}
+
+/// The row of a lead its sender was answered for.
+async fn stored_lead(app: &TestApp, id: &str) -> lead::Model {
+    lead::Entity::find_by_id(id.to_string())
         .one(app.store.connection())
         .await
         .unwrap()
-        .expect("the lead row exists once the sender is answered");
-    assert_eq!(row.fields["email"], "while-blocked@example.com");
+        .expect("the lead row exists once the sender is answered")
 }
