@@ -59,8 +59,9 @@ pub struct Store {
 
 impl Store {
     /// Connects (inside an actix system: it starts the intake thread and the
-    /// attempt writer) with durable commits: SQLite in WAL mode with `synchronous =
-    /// FULL` (fsync on every commit), PostgreSQL with its defaults.
+    /// attempt writer) with durable commits: SQLite in WAL mode with
+    /// `synchronous = FULL` (fsync on every commit), PostgreSQL with its
+    /// defaults.
     /// `database.max_connections` is split: a quarter (at least 2) is
     /// intake's own pool, the rest (at least 2) serves everything else.
     pub async fn connect(settings: &DatabaseSettings) -> Result<Self, DbErr> {
@@ -73,8 +74,16 @@ impl Store {
             .saturating_sub(intake_connections)
             .max(2);
         let intake_thread = Arbiter::new().handle();
-        let intake = pool_opened_on(&intake_thread, settings.clone(), intake_connections).await?;
-        let db = pool(settings, other_connections).await?;
+        // A store that cannot connect leaves no thread behind.
+        let stop_thread = |_: &DbErr| {
+            intake_thread.stop();
+        };
+        let intake = pool_opened_on(&intake_thread, settings.clone(), intake_connections)
+            .await
+            .inspect_err(stop_thread)?;
+        let db = pool(settings, other_connections)
+            .await
+            .inspect_err(stop_thread)?;
         Ok(Self {
             attempts: attempt_writer::AttemptWriter::start(db.clone()),
             db,
