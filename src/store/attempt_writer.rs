@@ -1,22 +1,27 @@
 //! Group commit for attempt rows. Every outbound call writes its attempt
 //! before sending and completes it after; one commit (one fsync) each would
 //! make the database the bottleneck of selling. Writes from concurrent
-//! calls wait in a queue and share a transaction; each caller is answered
-//! after the commit that holds its write.
+//! calls wait in a queue and share a transaction, written with a few
+//! statements whatever their number (one per kind of change, not one per
+//! write: one writer's round trips would otherwise bound the calls made);
+//! each caller is answered after the commit that holds its write.
 //!
 //! Each write carries its own conditions, checked inside the commit: a new
 //! row only while its lead's claim (token, unexpired lease) holds, a post
 //! only with its cap slots reserved, an answer only onto a row still
 //! `in_flight`, a sale together with its accepted post.
 
+use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 
 use chrono::Utc;
 use futures_util::FutureExt;
-use sea_orm::sea_query::{Expr, OnConflict};
+use sea_orm::sea_query::{
+    Alias, Expr, ExprTrait, IntoIden, OnConflict, Query, TableRef, ValueTuple,
+};
 use sea_orm::{
-    ColumnTrait, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
-    TransactionTrait,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait,
+    QueryFilter, QueryTrait, Set, TransactionTrait,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -143,17 +148,177 @@ async fn write_forever(db: &DatabaseConnection, requests: &mut mpsc::UnboundedRe
 }
 
 async fn commit(db: &DatabaseConnection, writes: &[AttemptWrite]) -> Result<Vec<Written>, DbErr> {
-    // Cap counters are locked in buyer order, the same in every instance's
-    // batches, so two batches never wait on each other in a cycle.
-    let mut order: Vec<usize> = (0..writes.len()).collect();
-    order.sort_by_key(|&index| cap_buyer(&writes[index]));
     let txn = db.begin().await?;
-    let mut results = vec![Written::Done; writes.len()];
-    for index in order {
-        results[index] = apply(&txn, &writes[index]).await?;
-    }
+    let results = apply(&txn, writes).await?;
     txn.commit().await?;
     Ok(results)
+}
+
+/// A group's writes in a few statements, however many there are: the
+/// answers (one UPDATE), the sales they make and their leads' `sold` (one
+/// INSERT, one UPDATE), the claims new rows are written under (one
+/// UPDATE), cap slots (in buyer order) and the new rows (one INSERT).
+/// Each write's own conditions decide its result, as if it were alone.
+async fn apply(txn: &DatabaseTransaction, writes: &[AttemptWrite]) -> Result<Vec<Written>, DbErr> {
+    let mut results = vec![Written::Done; writes.len()];
+    let answers: Vec<(usize, &str, &AttemptEnd)> = writes
+        .iter()
+        .enumerate()
+        .filter_map(|(index, write)| match write {
+            AttemptWrite::Finish { id, end, .. } | AttemptWrite::Sell { id, end, .. } => {
+                Some((index, id.as_str(), end))
+            }
+            AttemptWrite::Insert { .. } => None,
+        })
+        .collect();
+    let finished = finish(txn, answers.iter().map(|&(_, id, end)| (id, end))).await?;
+    for &(index, id, _) in &answers {
+        if !finished.contains(id) {
+            results[index] = Written::Stale;
+        }
+    }
+    sell(txn, writes, &mut results).await?;
+    let fences = writes
+        .iter()
+        .enumerate()
+        .filter_map(|(index, write)| match write {
+            AttemptWrite::Insert { fence, .. } => Some((index, fence)),
+            _ => None,
+        });
+    let fences: Vec<(usize, &Fence)> = fences.collect();
+    let held = claims_held(txn, fences.iter().map(|&(_, fence)| fence)).await?;
+    for &(index, fence) in &fences {
+        if held.get(fence.lead_id.as_str()).map(String::as_str) != Some(fence.token.as_str()) {
+            results[index] = Written::Fenced;
+        }
+    }
+    take_cap_slots(txn, writes, &mut results).await?;
+    let rows = writes
+        .iter()
+        .zip(&results)
+        .filter_map(|(write, result)| match (write, result) {
+            (AttemptWrite::Insert { row, .. }, Written::Done) => Some((**row).clone()),
+            (AttemptWrite::Insert { row, .. }, Written::Capped) => Some(capped_skip(row)),
+            _ => None,
+        });
+    let rows: Vec<attempt::ActiveModel> = rows.collect();
+    if !rows.is_empty() {
+        attempt::Entity::insert_many(rows)
+            .exec_without_returning(txn)
+            .await?;
+    }
+    Ok(results)
+}
+
+/// Writes each answer onto its row if the row is still `in_flight`, in one
+/// `UPDATE … FROM (VALUES …)`; the ids of the rows written.
+async fn finish<'a>(
+    txn: &DatabaseTransaction,
+    answers: impl Iterator<Item = (&'a str, &'a AttemptEnd)>,
+) -> Result<HashSet<String>, DbErr> {
+    let answers: Vec<ValueTuple> = answers
+        .map(|(id, end)| {
+            ValueTuple::Many(vec![
+                id.into(),
+                AttemptOutcome::Call(end.outcome).as_str().into(),
+                end.reason.clone().into(),
+                end.http_status.map(i32::from).into(),
+                (end.duration.as_millis() as i64).into(),
+                end.response_body.clone().into(),
+                end.bid.into(),
+                end.ping_id.clone().into(),
+            ])
+        })
+        .collect();
+    if answers.is_empty() {
+        return Ok(HashSet::new());
+    }
+    // A VALUES list's columns are `column1`, `column2`, … on both databases.
+    let answer = Alias::new("answer");
+    let column = |n: usize| Expr::col((answer.clone(), Alias::new(format!("column{n}"))));
+    let mut statement = Query::update();
+    statement
+        .table(attempt::Entity)
+        .values([
+            (attempt::Column::Outcome, column(2)),
+            (attempt::Column::Reason, column(3)),
+            (attempt::Column::HttpStatus, column(4)),
+            (attempt::Column::DurationMs, column(5)),
+            (attempt::Column::ResponseBody, column(6)),
+            (attempt::Column::Bid, column(7)),
+            (attempt::Column::PingId, column(8)),
+        ])
+        .from(TableRef::ValuesList(answers, answer.clone().into_iden()))
+        .and_where(
+            Expr::col((attempt::Entity, attempt::Column::Id))
+                .equals((answer, Alias::new("column1"))),
+        )
+        .and_where(
+            Expr::col((attempt::Entity, attempt::Column::Outcome))
+                .eq(AttemptOutcome::InFlight.as_str()),
+        )
+        .returning(Query::returning().column(attempt::Column::Id));
+    txn.query_all(&statement)
+        .await?
+        .iter()
+        .map(|row| row.try_get("", "id"))
+        .collect()
+}
+
+/// The sales of the accepted posts whose answers were written, unless
+/// their lead has one (`AlreadySold`), and the `sold` of their leads.
+async fn sell(
+    txn: &DatabaseTransaction,
+    writes: &[AttemptWrite],
+    results: &mut [Written],
+) -> Result<(), DbErr> {
+    let sales: Vec<(usize, &str, &sale::ActiveModel)> = writes
+        .iter()
+        .enumerate()
+        .filter_map(|(index, write)| match write {
+            AttemptWrite::Sell { id, sale, .. } if results[index] == Written::Done => {
+                Some((index, id.as_str(), &**sale))
+            }
+            _ => None,
+        })
+        .collect();
+    let made = insert_sales(txn, sales.iter().map(|&(_, _, sale)| sale.clone())).await?;
+    let mut sold = Vec::new();
+    for &(index, attempt_id, _) in &sales {
+        match (&writes[index], made.contains(attempt_id)) {
+            (AttemptWrite::Sell { lead_id, .. }, true) => sold.push(lead_id.as_str()),
+            _ => results[index] = Written::AlreadySold,
+        }
+    }
+    mark_sold(txn, &sold).await
+}
+
+/// Reserves the cap slots of the new rows whose claim holds (a row whose
+/// cap is full is written as a `capped` skip) and gives back the slots of
+/// the answers written: in buyer order, the same in every instance's
+/// groups, so two groups never wait on each other's counters in a cycle.
+async fn take_cap_slots(
+    txn: &DatabaseTransaction,
+    writes: &[AttemptWrite],
+    results: &mut [Written],
+) -> Result<(), DbErr> {
+    let mut order: Vec<usize> = (0..writes.len()).collect();
+    order.sort_by_key(|&index| cap_buyer(&writes[index]));
+    for index in order {
+        if results[index] != Written::Done {
+            continue;
+        }
+        match &writes[index] {
+            AttemptWrite::Insert { caps, .. } => {
+                if !caps::reserve(txn, caps).await? {
+                    results[index] = Written::Capped;
+                }
+            }
+            AttemptWrite::Finish { release, .. } => caps::release(txn, release).await?,
+            AttemptWrite::Sell { .. } => {}
+        }
+    }
+    Ok(())
 }
 
 /// The buyer whose cap counters a write locks, if any.
@@ -166,119 +331,84 @@ fn cap_buyer(write: &AttemptWrite) -> Option<&str> {
     slots.first().map(|slot| slot.buyer_id.as_str())
 }
 
-async fn apply(txn: &DatabaseTransaction, write: &AttemptWrite) -> Result<Written, DbErr> {
-    match write {
-        AttemptWrite::Insert { row, fence, caps } => {
-            if !holds(txn, fence).await? {
-                return Ok(Written::Fenced);
-            }
-            if !caps::reserve(txn, caps).await? {
-                let mut skip = (**row).clone();
-                skip.kind = sea_orm::Set(AttemptKind::Skip.as_str().into());
-                skip.outcome =
-                    sea_orm::Set(AttemptOutcome::Skip(SkipReason::Capped).as_str().into());
-                skip.reason = sea_orm::Set(Some(SkipReason::Capped.as_str().into()));
-                skip.duration_ms = sea_orm::Set(Some(0));
-                attempt::Entity::insert(skip)
-                    .exec_without_returning(txn)
-                    .await?;
-                return Ok(Written::Capped);
-            }
-            attempt::Entity::insert((**row).clone())
-                .exec_without_returning(txn)
-                .await?;
-            Ok(Written::Done)
-        }
-        AttemptWrite::Finish { id, end, release } => {
-            if !finish(txn, id, end).await? {
-                return Ok(Written::Stale);
-            }
-            caps::release(txn, release).await?;
-            Ok(Written::Done)
-        }
-        AttemptWrite::Sell {
-            id,
-            end,
-            lead_id,
-            sale,
-        } => {
-            if !finish(txn, id, end).await? {
-                return Ok(Written::Stale);
-            }
-            if !insert_sale(txn, (**sale).clone()).await? {
-                return Ok(Written::AlreadySold);
-            }
-            mark_sold(txn, lead_id).await?;
-            Ok(Written::Done)
-        }
-    }
+/// A new row written as the `capped` skip it became.
+fn capped_skip(row: &attempt::ActiveModel) -> attempt::ActiveModel {
+    let mut skip = row.clone();
+    skip.kind = Set(AttemptKind::Skip.as_str().into());
+    skip.outcome = Set(AttemptOutcome::Skip(SkipReason::Capped).as_str().into());
+    skip.reason = Set(Some(SkipReason::Capped.as_str().into()));
+    skip.duration_ms = Set(Some(0));
+    skip
 }
 
-/// Whether the claim still holds, checked with an UPDATE: on PostgreSQL
-/// it locks the lead's row until the commit, so a claim by another
-/// instance either waits for us (and then sees our row) or has already
-/// changed the token (and we write nothing); SQLite has one writer.
-async fn holds(txn: &DatabaseTransaction, fence: &Fence) -> Result<bool, DbErr> {
-    let held = lead::Entity::update_many()
+/// Which of these claims still hold, checked with one UPDATE: on
+/// PostgreSQL it locks the leads' rows until the commit, so a claim by
+/// another instance either waits for us (and then sees our rows) or has
+/// already changed the token (and we write nothing); SQLite has one
+/// writer. The token each lead is held under, of those that hold.
+async fn claims_held<'a>(
+    txn: &DatabaseTransaction,
+    fences: impl Iterator<Item = &'a Fence>,
+) -> Result<HashMap<String, String>, DbErr> {
+    let (leads, tokens): (HashSet<&str>, HashSet<&str>) = fences
+        .map(|fence| (fence.lead_id.as_str(), fence.token.as_str()))
+        .unzip();
+    if leads.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let mut statement = lead::Entity::update_many()
         .col_expr(
             lead::Column::LeaseUntil,
             Expr::col(lead::Column::LeaseUntil),
         )
-        .filter(lead::Column::Id.eq(fence.lead_id.as_str()))
-        .filter(lead::Column::ClaimToken.eq(fence.token.as_str()))
+        .filter(lead::Column::Id.is_in(leads))
+        .filter(lead::Column::ClaimToken.is_in(tokens))
         .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
         .filter(lead::Column::LeaseUntil.gt(Utc::now()))
-        .exec(txn)
+        .into_query();
+    statement.returning(Query::returning().columns([lead::Column::Id, lead::Column::ClaimToken]));
+    txn.query_all(&statement)
         .await?
-        .rows_affected;
-    Ok(held == 1)
+        .iter()
+        .map(|row| Ok((row.try_get("", "id")?, row.try_get("", "claim_token")?)))
+        .collect()
 }
 
-/// Writes a call's answer onto its row if the row is still `in_flight`.
-async fn finish(txn: &DatabaseTransaction, id: &str, end: &AttemptEnd) -> Result<bool, DbErr> {
-    let finished = attempt::Entity::update_many()
-        .col_expr(
-            attempt::Column::Outcome,
-            Expr::value(AttemptOutcome::Call(end.outcome).as_str()),
-        )
-        .col_expr(attempt::Column::Reason, Expr::value(end.reason.clone()))
-        .col_expr(
-            attempt::Column::HttpStatus,
-            Expr::value(end.http_status.map(i32::from)),
-        )
-        .col_expr(
-            attempt::Column::DurationMs,
-            Expr::value(end.duration.as_millis() as i64),
-        )
-        .col_expr(
-            attempt::Column::ResponseBody,
-            Expr::value(end.response_body.clone()),
-        )
-        .col_expr(attempt::Column::Bid, Expr::value(end.bid))
-        .col_expr(attempt::Column::PingId, Expr::value(end.ping_id.clone()))
-        .filter(attempt::Column::Id.eq(id))
-        .filter(attempt::Column::Outcome.eq(AttemptOutcome::InFlight.as_str()))
-        .exec(txn)
-        .await?
-        .rows_affected;
-    Ok(finished == 1)
-}
-
-/// Inserts the sale unless the lead has one (the partial unique index on
-/// sales not returned decides; `DO NOTHING` keeps the transaction usable).
+/// Inserts the sale unless the lead has one; see `insert_sales`.
 pub(super) async fn insert_sale(
     txn: &DatabaseTransaction,
     sale: sale::ActiveModel,
 ) -> Result<bool, DbErr> {
-    let inserted = sale::Entity::insert(sale)
-        .on_conflict(OnConflict::new().do_nothing().to_owned())
-        .exec_without_returning(txn)
-        .await?;
-    Ok(inserted == 1)
+    Ok(!insert_sales(txn, std::iter::once(sale)).await?.is_empty())
 }
 
-/// The lead is sold: whoever held it lets go (its settle finds the token gone).
-pub(super) async fn mark_sold(txn: &DatabaseTransaction, lead_id: &str) -> Result<(), DbErr> {
+/// Inserts each sale unless its lead has one (the partial unique index on
+/// sales not returned decides; `DO NOTHING` keeps the transaction usable):
+/// the attempt ids of the sales made.
+async fn insert_sales(
+    txn: &DatabaseTransaction,
+    sales: impl Iterator<Item = sale::ActiveModel>,
+) -> Result<HashSet<String>, DbErr> {
+    let sales: Vec<sale::ActiveModel> = sales.collect();
+    if sales.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let mut statement = sale::Entity::insert_many(sales)
+        .on_conflict(OnConflict::new().do_nothing().to_owned())
+        .into_query();
+    statement.returning(Query::returning().column(sale::Column::AttemptId));
+    let made = txn.query_all(&statement).await?;
+    let attempt_ids = made
+        .iter()
+        .map(|row| row.try_get::<Option<String>>("", "attempt_id"));
+    attempt_ids.filter_map(Result::transpose).collect()
+}
+
+/// The leads are sold: whoever held them lets go (its settle finds the token gone).
+pub(super) async fn mark_sold(txn: &DatabaseTransaction, lead_ids: &[&str]) -> Result<(), DbErr> {
+    if lead_ids.is_empty() {
+        return Ok(());
+    }
     lead::Entity::update_many()
         .col_expr(lead::Column::State, Expr::value(LeadState::Sold.as_str()))
         .col_expr(
@@ -294,7 +424,7 @@ pub(super) async fn mark_sold(txn: &DatabaseTransaction, lead_id: &str) -> Resul
             Expr::value(Option::<String>::None),
         )
         .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
-        .filter(lead::Column::Id.eq(lead_id))
+        .filter(lead::Column::Id.is_in(lead_ids.iter().copied()))
         .exec(txn)
         .await?;
     Ok(())

@@ -632,7 +632,7 @@ impl Store {
     ) -> Result<bool, DbErr> {
         let txn = self.db.begin().await?;
         let sold = insert_sale(&txn, sale.row(attempt_id)).await?;
-        mark_sold(&txn, sale.lead_id).await?;
+        mark_sold(&txn, &[sale.lead_id]).await?;
         txn.commit().await?;
         Ok(sold)
     }

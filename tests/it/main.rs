@@ -13,6 +13,7 @@ mod admin;
 mod config;
 mod distribution;
 mod form_helper;
+mod group_commit;
 mod intake;
 mod notify;
 mod reads;

@@ -1,0 +1,243 @@
+//! The attempt writer's group commit: writes queued at the same moment
+//! share one transaction, written with one statement per kind of change;
+//! each must still get the result its own conditions give (the claim it
+//! was made under, the cap it takes, the row still being `in_flight`, the
+//! lead's one sale), as if it had been written alone.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use entity::{attempt, lead, sale};
+use futures_util::future::join_all;
+use leadrouter::domain::{AttemptKind, CallOutcome, ClaimToken, LeadId};
+use leadrouter::store::{
+    AttemptEnd, Begun, CapPeriod, CapSlot, DuplicateRule, NewLead, SaleOf, Store, Written,
+};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use serde_json::{json, Map};
+
+use crate::helpers::{open_store, Backend, TestDatabase};
+use crate::on_both_databases;
+
+on_both_databases!(writes_sharing_one_commit_each_keep_their_own_conditions);
+
+const LEASE: Duration = Duration::from_secs(60);
+
+async fn writes_sharing_one_commit_each_keep_their_own_conditions(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
+    let store = open_store(&database.url).await;
+    store.migrate().await.unwrap();
+    let leads = stored_leads(&store, 3).await;
+    let claimed = store.claim_leads(&leads, "test", LEASE).await.unwrap();
+    assert_eq!(claimed.leads.len(), 3);
+    let token = claimed.token;
+    let [first, second, third] = [0, 1, 2].map(|n| leads[n].clone());
+
+    // Calls already answered once, whose second answer must not land,
+    // and calls in flight, whose answers must.
+    let answered = begun(
+        store
+            .begin_attempt(call(&first, &token, "b1", AttemptKind::PING))
+            .await,
+    );
+    store
+        .finish_attempt(&answered, end(CallOutcome::Rejected), Vec::new())
+        .await
+        .unwrap();
+    let in_flight = begun(
+        store
+            .begin_attempt(call(&first, &token, "b2", AttemptKind::PING))
+            .await,
+    );
+    let posts: Vec<String> = join_all(
+        ["b1", "b2"]
+            .map(|buyer| store.begin_attempt(call(&second, &token, buyer, AttemptKind::POST))),
+    )
+    .await
+    .into_iter()
+    .map(begun)
+    .collect();
+
+    // All at once: they reach the writer together.
+    let capped_post = |buyer: &str| {
+        let mut post = call(&third, &token, buyer, AttemptKind::POST);
+        post.caps = vec![CapSlot {
+            buyer_id: buyer.into(),
+            period: CapPeriod::Hour,
+            start: Utc::now(),
+            limit: 1,
+        }];
+        post
+    };
+    let stale_token = ClaimToken::fresh();
+    let (begins, finishes, sells) = futures_util::join!(
+        join_all([
+            store.begin_attempt(call(&third, &token, "b3", AttemptKind::PING)),
+            store.begin_attempt(call(&third, &stale_token, "b4", AttemptKind::PING)),
+            store.begin_attempt(capped_post("b5")),
+            store.begin_attempt(capped_post("b5")),
+        ]),
+        join_all([
+            store.finish_attempt(&in_flight, end(CallOutcome::Accepted), Vec::new()),
+            store.finish_attempt(&answered, end(CallOutcome::Accepted), Vec::new()),
+        ]),
+        join_all(posts.iter().map(|post| {
+            let sale = SaleOf {
+                lead_id: second.as_str(),
+                buyer_id: "b1",
+                price: Some(10.0),
+                payout: None,
+            };
+            store.sell(post, end(CallOutcome::Accepted), sale)
+        })),
+    );
+
+    let begins: Vec<Begun> = begins.into_iter().map(Result::unwrap).collect();
+    assert!(matches!(begins[0], Begun::Call(..)), "{:?}", begins[0]);
+    assert_eq!(
+        begins[1],
+        Begun::Fenced,
+        "a write under a stale claim is fenced"
+    );
+    let capped = begins[2..]
+        .iter()
+        .filter(|begun| **begun == Begun::Capped)
+        .count();
+    let called = begins[2..]
+        .iter()
+        .filter(|begun| matches!(begun, Begun::Call(..)))
+        .count();
+    assert_eq!(
+        (called, capped),
+        (1, 1),
+        "an hourly cap of 1 takes one post of two: {begins:?}"
+    );
+
+    let finishes: Vec<Written> = finishes.into_iter().map(Result::unwrap).collect();
+    assert_eq!(finishes, [Written::Done, Written::Stale]);
+    let db = store.connection();
+    let answered_row = attempt::Entity::find_by_id(answered.clone())
+        .one(db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        answered_row.outcome, "rejected",
+        "a stale answer does not overwrite the first"
+    );
+    let in_flight_row = attempt::Entity::find_by_id(in_flight)
+        .one(db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(in_flight_row.outcome, "accepted");
+    assert_eq!(in_flight_row.http_status, Some(200));
+
+    let mut sells: Vec<Written> = sells.into_iter().map(Result::unwrap).collect();
+    sells.sort_by_key(|written| format!("{written:?}"));
+    assert_eq!(
+        sells,
+        [Written::AlreadySold, Written::Done],
+        "one sale per lead"
+    );
+    let sales = sale::Entity::find()
+        .filter(sale::Column::LeadId.eq(second.as_str()))
+        .all(db)
+        .await
+        .unwrap();
+    assert_eq!(sales.len(), 1);
+    let sold = lead::Entity::find_by_id(second.to_string())
+        .one(db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((sold.state.as_str(), sold.claim_token), ("sold", None));
+
+    let rows = attempt::Entity::find()
+        .filter(attempt::Column::LeadId.eq(third.as_str()))
+        .all(db)
+        .await
+        .unwrap();
+    let mut outcomes: Vec<(String, String)> = rows
+        .into_iter()
+        .map(|row| (row.buyer_id, row.outcome))
+        .collect();
+    outcomes.sort();
+    assert_eq!(
+        outcomes,
+        [
+            ("b3".into(), "in_flight".into()),
+            ("b5".into(), "capped".into()),
+            ("b5".into(), "in_flight".into()),
+        ],
+        "the fenced write left no row; the capped one is a skip"
+    );
+}
+
+/// `count` valid leads, stored (in `received`).
+async fn stored_leads(store: &Store, count: usize) -> Vec<LeadId> {
+    let leads: Vec<NewLead> = (0..count)
+        .map(|n| NewLead {
+            id: leadrouter::domain::new_id(),
+            source_id: "web".into(),
+            idempotency_key: Some(format!("key-{n}")),
+            external_id: None,
+            raw: Vec::new(),
+            raw_content_type: "application/json".into(),
+            remote_ip: None,
+            fields: Map::from_iter([("email".into(), json!(format!("p{n}@example.com")))]),
+            attribution: Map::new(),
+            is_test: false,
+            errors: Vec::new(),
+            received_at: Utc::now(),
+            accept_on_store: true,
+        })
+        .collect();
+    let rule = DuplicateRule {
+        window: Duration::ZERO,
+        keys: Vec::new(),
+    };
+    store.persist_leads(&leads, &rule).await.unwrap();
+    leads
+        .into_iter()
+        .map(|lead| LeadId::from(lead.id))
+        .collect()
+}
+
+fn call(
+    lead: &LeadId,
+    token: &ClaimToken,
+    buyer: &str,
+    kind: AttemptKind,
+) -> leadrouter::store::NewAttempt {
+    leadrouter::store::NewAttempt {
+        lead_id: lead.clone(),
+        buyer_id: buyer.into(),
+        kind,
+        request: json!({}),
+        snapshot: json!({}),
+        retry_of: None,
+        instance_id: "test".into(),
+        claim_token: token.clone(),
+        caps: Vec::new(),
+    }
+}
+
+fn end(outcome: CallOutcome) -> AttemptEnd {
+    AttemptEnd {
+        outcome,
+        reason: None,
+        http_status: Some(200),
+        duration: Duration::from_millis(5),
+        response_body: Some("{}".into()),
+        bid: None,
+        ping_id: None,
+    }
+}
+
+fn begun(begun: Result<Begun, sea_orm::DbErr>) -> String {
+    match begun.unwrap() {
+        Begun::Call(id, _) => id,
+        other => panic!("expected a call, got {other:?}"),
+    }
+}
