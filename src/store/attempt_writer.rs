@@ -161,6 +161,20 @@ async fn commit(db: &DatabaseConnection, writes: &[AttemptWrite]) -> Result<Vec<
 /// Each write's own conditions decide its result, as if it were alone.
 async fn apply(txn: &DatabaseTransaction, writes: &[AttemptWrite]) -> Result<Vec<Written>, DbErr> {
     let mut results = vec![Written::Done; writes.len()];
+    answer(txn, writes, &mut results).await?;
+    sell(txn, writes, &mut results).await?;
+    fence(txn, writes, &mut results).await?;
+    take_cap_slots(txn, writes, &mut results).await?;
+    insert_rows(txn, writes, &results).await?;
+    Ok(results)
+}
+
+/// The answers, each onto its row if still `in_flight` (else `Stale`).
+async fn answer(
+    txn: &DatabaseTransaction,
+    writes: &[AttemptWrite],
+    results: &mut [Written],
+) -> Result<(), DbErr> {
     let answers: Vec<(usize, &str, &AttemptEnd)> = writes
         .iter()
         .enumerate()
@@ -177,37 +191,53 @@ async fn apply(txn: &DatabaseTransaction, writes: &[AttemptWrite]) -> Result<Vec
             results[index] = Written::Stale;
         }
     }
-    sell(txn, writes, &mut results).await?;
-    let fences = writes
+    Ok(())
+}
+
+/// New rows whose lead's claim no longer holds are `Fenced`.
+async fn fence(
+    txn: &DatabaseTransaction,
+    writes: &[AttemptWrite],
+    results: &mut [Written],
+) -> Result<(), DbErr> {
+    let fences: Vec<(usize, &Fence)> = writes
         .iter()
         .enumerate()
         .filter_map(|(index, write)| match write {
             AttemptWrite::Insert { fence, .. } => Some((index, fence)),
             _ => None,
-        });
-    let fences: Vec<(usize, &Fence)> = fences.collect();
+        })
+        .collect();
     let held = claims_held(txn, fences.iter().map(|&(_, fence)| fence)).await?;
     for &(index, fence) in &fences {
         if held.get(fence.lead_id.as_str()).map(String::as_str) != Some(fence.token.as_str()) {
             results[index] = Written::Fenced;
         }
     }
-    take_cap_slots(txn, writes, &mut results).await?;
-    let rows = writes
+    Ok(())
+}
+
+/// The new rows that may be written, the capped ones as skips, in one INSERT.
+async fn insert_rows(
+    txn: &DatabaseTransaction,
+    writes: &[AttemptWrite],
+    results: &[Written],
+) -> Result<(), DbErr> {
+    let rows: Vec<attempt::ActiveModel> = writes
         .iter()
-        .zip(&results)
+        .zip(results)
         .filter_map(|(write, result)| match (write, result) {
             (AttemptWrite::Insert { row, .. }, Written::Done) => Some((**row).clone()),
             (AttemptWrite::Insert { row, .. }, Written::Capped) => Some(capped_skip(row)),
             _ => None,
-        });
-    let rows: Vec<attempt::ActiveModel> = rows.collect();
+        })
+        .collect();
     if !rows.is_empty() {
         attempt::Entity::insert_many(rows)
             .exec_without_returning(txn)
             .await?;
     }
-    Ok(results)
+    Ok(())
 }
 
 /// Writes each answer onto its row if the row is still `in_flight`, in one
