@@ -8,11 +8,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use entity::{alert, attempt, lead, sale};
-use sea_orm::sea_query::Expr;
-use sea_orm::sea_query::{LockBehavior, LockType};
+use sea_orm::sea_query::{Expr, LockBehavior, LockType, Query};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, DbErr, EntityTrait, ExprTrait, QueryFilter,
-    QueryOrder, QuerySelect, QueryTrait, TransactionTrait,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, ExprTrait,
+    FromQueryResult, Iterable, QueryFilter, QueryOrder, QuerySelect, QueryTrait, TransactionTrait,
 };
 use serde_json::Value;
 
@@ -293,8 +292,10 @@ impl Store {
     /// other's rows instead of queueing on them; on SQLite (one writer at a
     /// time, and sea-query drops the lock clause) the conditional UPDATE is
     /// atomic by itself. Either way the UPDATE re-checks that each lead is
-    /// still waiting, and answers (`RETURNING`) the rows it gave our token;
-    /// one more query reads their attempts.
+    /// still waiting, and answers (`RETURNING`) the rows it gave our token,
+    /// each with whether it has attempts (an index probe); one more query
+    /// reads the attempts of those that have, so a claim of fresh leads is
+    /// one statement.
     async fn claim(
         &self,
         pick: sea_orm::Select<lead::Entity>,
@@ -303,11 +304,34 @@ impl Store {
         lease: Duration,
     ) -> Result<Claimed, DbErr> {
         let holder = Holder::new(owner, lease);
-        let rows = claim_statement(pick, limit, &holder, Utc::now())
-            .exec_with_returning(&self.db)
-            .await?;
-        let ids: Vec<&str> = rows.iter().map(|row| row.id.as_str()).collect();
-        let mut histories = self.attempts_of_leads(&ids).await?;
+        let mut statement = claim_statement(pick, limit, &holder, Utc::now()).into_query();
+        let has_history = Expr::exists(
+            Query::select()
+                .expr(Expr::val(1))
+                .from(attempt::Entity)
+                .and_where(
+                    Expr::col((attempt::Entity, attempt::Column::LeadId))
+                        .equals((lead::Entity, lead::Column::Id)),
+                )
+                .to_owned(),
+        );
+        // The lead's columns, then (after the last) whether it has attempts.
+        let columns: Vec<Expr> = lead::Column::iter()
+            .map(|column| Expr::col((lead::Entity, column)))
+            .collect();
+        let has_history_at = columns.len();
+        statement.returning(Query::returning().exprs(columns.into_iter().chain([has_history])));
+        let mut rows = Vec::new();
+        let mut with_history = Vec::new();
+        for returned in self.db.query_all(&statement).await? {
+            let row = lead::Model::from_query_result(&returned, "")?;
+            if returned.try_get_by_index::<bool>(has_history_at)? {
+                with_history.push(row.id.clone());
+            }
+            rows.push(row);
+        }
+        let with_history: Vec<&str> = with_history.iter().map(String::as_str).collect();
+        let mut histories = self.attempts_of_leads(&with_history).await?;
         let leads = rows
             .into_iter()
             .map(|row| ClaimedLead {
