@@ -183,25 +183,29 @@ fn waiting_to_be_routed(now: DateTime<Utc>) -> Condition {
 }
 
 /// `UPDATE leads SET state = 'routing', lease…, claim_token WHERE id IN
-/// (SELECT id … waiting … ORDER BY received_at LIMIT n FOR UPDATE SKIP
-/// LOCKED) AND waiting` (the lock clause is left out on SQLite).
+/// (SELECT id FROM <candidates> FOR UPDATE SKIP LOCKED) AND waiting` (the
+/// lock clause is left out on SQLite).
 fn claim_statement(
-    pick: sea_orm::Select<lead::Entity>,
-    limit: u64,
+    candidates: sea_orm::Select<lead::Entity>,
     holder: &Holder<'_>,
     now: DateTime<Utc>,
 ) -> sea_orm::UpdateMany<lead::Entity> {
-    let candidates = pick
+    let candidates = candidates
         .select_only()
         .column(lead::Column::Id)
-        .filter(waiting_to_be_routed(now))
-        .order_by_asc(lead::Column::ReceivedAt)
-        .limit(limit)
         .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
         .into_query();
     held_by(lead::Entity::update_many(), holder, now)
         .filter(lead::Column::Id.in_subquery(candidates))
         .filter(waiting_to_be_routed(now))
+}
+
+/// The sweep's candidates: up to `limit` of the oldest waiting leads.
+fn oldest_waiting(limit: u64, now: DateTime<Utc>) -> sea_orm::Select<lead::Entity> {
+    lead::Entity::find()
+        .filter(waiting_to_be_routed(now))
+        .order_by_asc(lead::Column::ReceivedAt)
+        .limit(limit)
 }
 
 /// Who takes leads, under which token, until when.
@@ -271,9 +275,12 @@ impl Store {
         owner: &str,
         lease: Duration,
     ) -> Result<Claimed, DbErr> {
+        // By primary key alone: whether each is still waiting is checked by
+        // the UPDATE, row by row (given the state too, a planner without
+        // statistics scans the state index, dead entries and all).
         let ids = lead_ids.iter().map(LeadId::as_str);
-        let pick = lead::Entity::find().filter(lead::Column::Id.is_in(ids));
-        self.claim(pick, lead_ids.len() as u64, owner, lease).await
+        let candidates = lead::Entity::find().filter(lead::Column::Id.is_in(ids));
+        self.claim(candidates, Utc::now(), owner, lease).await
     }
 
     /// The reconciliation sweep: takes up to `limit` of the oldest leads in
@@ -284,7 +291,9 @@ impl Store {
         owner: &str,
         lease: Duration,
     ) -> Result<Claimed, DbErr> {
-        self.claim(lead::Entity::find(), limit, owner, lease).await
+        let now = Utc::now();
+        self.claim(oldest_waiting(limit, now), now, owner, lease)
+            .await
     }
 
     /// One atomic claim: `UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP
@@ -298,13 +307,13 @@ impl Store {
     /// one statement.
     async fn claim(
         &self,
-        pick: sea_orm::Select<lead::Entity>,
-        limit: u64,
+        candidates: sea_orm::Select<lead::Entity>,
+        now: DateTime<Utc>,
         owner: &str,
         lease: Duration,
     ) -> Result<Claimed, DbErr> {
         let holder = Holder::new(owner, lease);
-        let mut statement = claim_statement(pick, limit, &holder, Utc::now()).into_query();
+        let mut statement = claim_statement(candidates, &holder, now).into_query();
         let has_history = Expr::exists(
             Query::select()
                 .expr(Expr::val(1))
@@ -798,7 +807,8 @@ mod tests {
     fn postgres_claims_skip_locked_rows_and_sqlite_relies_on_its_single_writer() {
         let claim = |backend| {
             let holder = Holder::new("me", Duration::from_secs(60));
-            claim_statement(lead::Entity::find(), 10, &holder, Utc::now())
+            let now = Utc::now();
+            claim_statement(oldest_waiting(10, now), &holder, now)
                 .build(backend)
                 .to_string()
         };
