@@ -26,7 +26,7 @@ use crate::buyer::breaker::{Admission, Breaker, CircuitState};
 use crate::buyer::latency::Latencies;
 use crate::buyer::recorded_call::{make_call, CallPlan, Offered};
 use crate::buyer::request::{self, LeadOffer, PingResult};
-use crate::buyer::slots::Slots;
+use crate::buyer::slots::{Slot, Slots};
 use crate::config::{BuyerSettings, PayoutRule};
 use crate::domain::{AttemptKind, CallKind, CallOutcome, ClaimToken, LeadId, SkipReason};
 use crate::metrics::Metrics;
@@ -258,7 +258,7 @@ impl Buyer {
     }
 
     /// Everything the call needs, from the offer and our settings.
-    fn plan(&self, offer: OfferLead, inject_panic: bool) -> Option<CallPlan> {
+    fn plan(&self, offer: OfferLead, slot: Slot, inject_panic: bool) -> Option<CallPlan> {
         let client = self.client.clone()?;
         let settings = self.settings_for(&offer);
         let request = request::build(
@@ -286,6 +286,7 @@ impl Buyer {
             ping: offer.ping,
             payout: offer.payout,
             client,
+            slot,
             inject_panic,
         })
     }
@@ -470,21 +471,20 @@ impl Handler<OfferLead> for Buyer {
             .slots
             .take(self.settings.max_concurrency, self.settings.queue_timeout);
         self.publish();
-        Box::pin(waiting.into_actor(self).then(move |got_slot, buyer, ctx| {
-            if !got_slot {
+        Box::pin(waiting.into_actor(self).then(move |slot, buyer, ctx| {
+            let Some(slot) = slot else {
                 return buyer.skip(&offer, SkipReason::Busy);
-            }
+            };
             let admission = buyer.breaker.admit(Instant::now());
             if admission == Admission::Refused {
-                buyer.slots.release();
+                drop(slot);
                 return buyer.skip(&offer, SkipReason::CircuitOpen);
             }
             let kind = offer.kind;
             let probe = (admission == Admission::Probe)
                 .then(|| buyer.watch_probe(call_timeout(&buyer.settings_for(&offer), kind), ctx));
             let inject_panic = buyer.panics_left.take(admission == Admission::Probe);
-            let Some(plan) = buyer.plan(offer, inject_panic) else {
-                buyer.slots.release();
+            let Some(plan) = buyer.plan(offer, slot, inject_panic) else {
                 buyer.breaker.cancel(admission);
                 return Box::pin(actix::fut::ready(Offered::NotRecorded));
             };
@@ -495,7 +495,6 @@ impl Handler<OfferLead> for Buyer {
                         // Stopping: `restarting` resets slots and probes.
                         return Offered::Crashed;
                     };
-                    buyer.slots.release();
                     // A probe past its deadline was counted already.
                     let counted = probe.is_some_and(|probe| !buyer.open_probes.remove(&probe));
                     match &offered {

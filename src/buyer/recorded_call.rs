@@ -1,5 +1,6 @@
 //! One call as history: its attempt row first (under the lead's claim, a
-//! post with its cap slots), then the exchange, then the answer written
+//! post with its cap slots), then the exchange (after which the buyer's
+//! concurrency slot is given back), then the answer written
 //! onto the row, and for an accepted post its sale in the same commit (the
 //! one door for a sale, used by waterfalls and retries alike). An answer
 //! that cannot be written is reported as such: the walk must stop, since
@@ -11,6 +12,7 @@ use std::time::Duration;
 use super::accept::{number_at, text_at, AcceptCheck};
 use super::call::{exchange, Exchange};
 use super::request::{BuyerRequest, PingResult};
+use super::slots::Slot;
 use crate::config::{BuyerSettings, PayoutRule};
 use crate::domain::{AttemptKind, CallKind, CallOutcome, SkipReason};
 use crate::metrics::Metrics;
@@ -58,6 +60,8 @@ pub struct CallPlan {
     /// What the lead's source is paid if the post sells it.
     pub payout: PayoutRule,
     pub client: awc::Client,
+    /// The buyer's slot this call holds: given back once the buyer answered.
+    pub slot: Slot,
     /// Fault injection for supervision tests: panic after the row is written.
     pub inject_panic: bool,
 }
@@ -74,6 +78,7 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
         ping,
         payout,
         client,
+        slot,
         inject_panic,
     } = plan;
     let lead_id = attempt.lead_id.clone();
@@ -101,6 +106,7 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
     }
     let span = tracing::info_span!("attempt", %lead_id, buyer_id = %settings.id, kind = kind.as_str(), %attempt_id);
     let answer = exchange(&client, kind, &request, timeout, &check).await;
+    drop(slot);
     metrics.attempt(&settings.id, kind.as_str(), answer.outcome.as_str());
     span.in_scope(|| {
         tracing::info!(

@@ -1,8 +1,12 @@
 //! A buyer's concurrency limit: `max_concurrency` calls in flight, offers
 //! beyond it wait (oldest first) at most `queue_timeout` for a free slot,
-//! else the buyer is skipped as `busy`.
+//! else the buyer is skipped as `busy`. A slot is a `Slot` guard: it is
+//! given back when dropped, which a call does as soon as the buyer has
+//! answered (writing the answer down is our work, not the buyer's).
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::time::Duration;
 
 use futures_util::future::LocalBoxFuture;
@@ -11,46 +15,123 @@ use tokio::sync::oneshot;
 
 #[derive(Debug, Default)]
 pub struct Slots {
+    state: Rc<RefCell<State>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
     in_flight: u32,
     /// Offers waiting for a slot, oldest first.
-    waiting: VecDeque<oneshot::Sender<()>>,
+    waiting: VecDeque<oneshot::Sender<Slot>>,
+    /// Bumped by `reset`: slots of calls from before it count no more.
+    generation: u64,
+}
+
+/// One taken slot; dropping it hands it to the oldest offer still waiting,
+/// or frees it.
+#[derive(Debug)]
+pub struct Slot {
+    state: Rc<RefCell<State>>,
+    generation: u64,
 }
 
 impl Slots {
     pub fn in_flight(&self) -> u32 {
-        self.in_flight
+        self.state.borrow().in_flight
     }
 
-    /// A slot now, or a wait of at most `patience` for one; true when taken.
-    pub fn take(&mut self, limit: u32, patience: Duration) -> LocalBoxFuture<'static, bool> {
-        if self.in_flight < limit {
-            self.in_flight += 1;
-            return futures_util::future::ready(true).boxed_local();
+    /// A slot now, or a wait of at most `patience` for one; `None` when
+    /// none freed in time.
+    pub fn take(&self, limit: u32, patience: Duration) -> LocalBoxFuture<'static, Option<Slot>> {
+        let mut state = self.state.borrow_mut();
+        if state.in_flight < limit {
+            state.in_flight += 1;
+            let slot = Slot {
+                state: self.state.clone(),
+                generation: state.generation,
+            };
+            return futures_util::future::ready(Some(slot)).boxed_local();
         }
         let (handover, slot) = oneshot::channel();
-        self.waiting.push_back(handover);
+        state.waiting.push_back(handover);
         async move {
-            matches!(
-                actix_web::rt::time::timeout(patience, slot).await,
-                Ok(Ok(()))
-            )
+            actix_web::rt::time::timeout(patience, slot)
+                .await
+                .ok()
+                .and_then(Result::ok)
         }
         .boxed_local()
     }
 
-    /// Hands the slot to the oldest offer still waiting, or frees it.
-    pub fn release(&mut self) {
-        while let Some(next) = self.waiting.pop_front() {
-            if next.send(()).is_ok() {
-                return;
-            }
+    /// After a restart: the calls that held slots are gone (their guards,
+    /// should any still drop, give nothing back).
+    pub fn reset(&self) {
+        let mut state = self.state.borrow_mut();
+        state.in_flight = 0;
+        state.waiting.clear();
+        state.generation += 1;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut state = self.state.borrow_mut();
+        if state.generation != self.generation {
+            return;
         }
-        self.in_flight = self.in_flight.saturating_sub(1);
+        while let Some(next) = state.waiting.pop_front() {
+            // Waiters that gave up are passed over here, not one drop each.
+            if next.is_closed() {
+                continue;
+            }
+            let handed = Slot {
+                state: self.state.clone(),
+                generation: self.generation,
+            };
+            if let Err(unsent) = next.send(handed) {
+                // That waiter gave up: the slot is back in `unsent`, whose
+                // drop (once this borrow ends) offers it to the next one.
+                drop(state);
+                drop(unsent);
+            }
+            return;
+        }
+        state.in_flight = state.in_flight.saturating_sub(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PATIENCE: Duration = Duration::from_secs(5);
+
+    #[actix_web::test]
+    async fn a_dropped_slot_goes_to_the_oldest_offer_still_waiting() {
+        let slots = Slots::default();
+        let held = slots.take(1, PATIENCE).await.expect("a free slot");
+        let gave_up = slots.take(1, Duration::from_millis(1));
+        assert!(gave_up.await.is_none(), "no slot freed in time");
+        let oldest = slots.take(1, PATIENCE);
+        let newest = slots.take(1, PATIENCE);
+        drop(held);
+        let oldest = oldest.await.expect("the oldest waiter gets the slot");
+        assert_eq!(slots.in_flight(), 1);
+        drop(oldest);
+        let newest = newest.await.expect("then the next one");
+        drop(newest);
+        assert_eq!(slots.in_flight(), 0);
     }
 
-    /// After a restart: the calls that held slots are gone.
-    pub fn reset(&mut self) {
-        self.in_flight = 0;
-        self.waiting.clear();
+    #[actix_web::test]
+    async fn slots_taken_before_a_reset_give_nothing_back() {
+        let slots = Slots::default();
+        let before = slots.take(2, PATIENCE).await.unwrap();
+        slots.reset();
+        let after = slots.take(2, PATIENCE).await.unwrap();
+        drop(before);
+        assert_eq!(slots.in_flight(), 1, "only the slot taken since counts");
+        drop(after);
+        assert_eq!(slots.in_flight(), 0);
     }
 }
