@@ -115,6 +115,7 @@ fn main() {
             phase.calls as f64 / leads as f64,
             phase.sold
         );
+        println!("                  {}", phase.breakdown.line());
     }
     println!(
         "auction / waterfall: {:.2}x leads/s, {:.2}x median time to sale, {:.2}x calls per lead",
@@ -133,6 +134,7 @@ struct Phase {
     cpu_ms: f64,
     sold: u64,
     median_to_sale_ms: f64,
+    breakdown: Breakdown,
 }
 
 /// What a routed run ended as.
@@ -144,6 +146,31 @@ struct Routed {
     busiest_per_lead: f64,
     sold: u64,
     median_to_sale_ms: f64,
+    /// Where a routed lead's time went.
+    breakdown: Breakdown,
+}
+
+/// Medians over the routed leads (ms): arrival to its first call, one
+/// call's exchange with the buyer, the time between a call's answer and
+/// the next call's row (the answer's commit, the walk's step, the hop to
+/// the buyer's actor, a slot), the last answer to the lead's final state
+/// (the sale's commit or the settle), and arrival to final.
+#[derive(Default, Clone, Copy)]
+struct Breakdown {
+    to_first_call: f64,
+    call: f64,
+    between_calls: f64,
+    last_answer_to_final: f64,
+    arrival_to_final: f64,
+}
+
+impl Breakdown {
+    fn line(&self) -> String {
+        format!(
+            "arrival to first call {:.1} ms, call {:.1} ms, between calls {:.1} ms, last answer to final {:.1} ms, arrival to final {:.1} ms (medians)",
+            self.to_first_call, self.call, self.between_calls, self.last_answer_to_final, self.arrival_to_final
+        )
+    }
 }
 
 /// The leads/s the buyers allow: the busiest buyer's calls per second
@@ -191,6 +218,7 @@ fn run_phase(
         cpu_ms,
         sold: routed.sold,
         median_to_sale_ms: routed.median_to_sale_ms,
+        breakdown: routed.breakdown,
     }
 }
 
@@ -233,10 +261,14 @@ async fn wait_until_final(url: &str, started: Instant) -> Routed {
         *per_buyer.entry(buyer).or_default() += 1;
     }
     let busiest = per_buyer.values().copied().max().unwrap_or(0);
-    let arrived: HashMap<String, DateTime<Utc>> = lead::Entity::find()
+    let leads = lead::Entity::find().all(db).await.unwrap();
+    let calls_made = attempt::Entity::find()
+        .filter(attempt::Column::Kind.is_in(["ping", "post"]))
         .all(db)
         .await
-        .unwrap()
+        .unwrap();
+    let breakdown = breakdown(&leads, calls_made);
+    let arrived: HashMap<String, DateTime<Utc>> = leads
         .into_iter()
         .map(|lead| (lead.id, lead.received_at))
         .collect();
@@ -250,12 +282,59 @@ async fn wait_until_final(url: &str, started: Instant) -> Routed {
             Some((sale.sold_at - *arrived).num_microseconds()? as f64 / 1000.0)
         })
         .collect();
-    to_sale.sort_by(f64::total_cmp);
     Routed {
         rate: total as f64 / elapsed.as_secs_f64(),
         calls,
         busiest_per_lead: busiest as f64 / total.max(1) as f64,
         sold: to_sale.len() as u64,
-        median_to_sale_ms: to_sale.get(to_sale.len() / 2).copied().unwrap_or(f64::NAN),
+        median_to_sale_ms: median(&mut to_sale),
+        breakdown,
     }
+}
+
+/// Where the routed leads' time went (see [`Breakdown`]), from their
+/// rows: each call's row is written when it starts and holds its duration;
+/// a lead's `updated_at` is when it reached its final state.
+fn breakdown(leads: &[lead::Model], mut calls: Vec<attempt::Model>) -> Breakdown {
+    let ms = |from: DateTime<Utc>, to: DateTime<Utc>| {
+        (to - from).num_microseconds().unwrap_or(0) as f64 / 1000.0
+    };
+    calls.sort_by(|a, b| (&a.lead_id, a.started_at).cmp(&(&b.lead_id, b.started_at)));
+    let mut by_lead: HashMap<&str, Vec<&attempt::Model>> = HashMap::new();
+    for call in &calls {
+        by_lead.entry(call.lead_id.as_str()).or_default().push(call);
+    }
+    let ended = |call: &attempt::Model| {
+        call.started_at + chrono::Duration::milliseconds(call.duration_ms.unwrap_or(0))
+    };
+    let (mut first, mut exchange, mut between, mut last, mut total) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for lead in leads {
+        let Some(calls) = by_lead.get(lead.id.as_str()) else {
+            continue;
+        };
+        first.push(ms(lead.received_at, calls[0].started_at));
+        for pair in calls.windows(2) {
+            between.push(ms(ended(pair[0]), pair[1].started_at));
+        }
+        exchange.extend(
+            calls
+                .iter()
+                .map(|call| call.duration_ms.unwrap_or(0) as f64),
+        );
+        last.push(ms(ended(calls[calls.len() - 1]), lead.updated_at));
+        total.push(ms(lead.received_at, lead.updated_at));
+    }
+    Breakdown {
+        to_first_call: median(&mut first),
+        call: median(&mut exchange),
+        between_calls: median(&mut between),
+        last_answer_to_final: median(&mut last),
+        arrival_to_final: median(&mut total),
+    }
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
