@@ -13,7 +13,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
+use actix::ArbiterHandle;
 use chrono::Utc;
 use futures_util::FutureExt;
 use sea_orm::sea_query::{
@@ -23,11 +25,12 @@ use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait,
     QueryFilter, QueryTrait, Set, TransactionTrait,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use entity::{attempt, lead, sale};
 
 use super::caps::{self, CapSlot};
+use super::intake_first::{IntakeFirst, LONGEST_YIELD};
 use super::AttemptEnd;
 use crate::domain::{AttemptKind, AttemptOutcome, ClaimToken, LeadId, LeadState, SkipReason};
 
@@ -89,13 +92,32 @@ pub(super) struct AttemptWriter {
 }
 
 impl AttemptWriter {
-    /// Starts the writer task on the current actix/tokio runtime.
-    pub(super) fn start(db: DatabaseConnection) -> Self {
+    /// Starts the writer task on `thread` (whose own pool `db` is: the
+    /// commits' round trips are then never queued behind the routing
+    /// thread's work), with at most `groups_in_flight` group commits
+    /// running at once: one on SQLite (one writer), several on PostgreSQL,
+    /// whose commits overlap (a walk waits for its group's commit, not for
+    /// the groups queued before it). Each walk awaits one write before it
+    /// sends the next, so a lead's writes never race each other across
+    /// groups; groups lock cap counters in buyer order, so overlapping
+    /// groups cannot deadlock on them. With `intake_first` (SQLite), each
+    /// group waits first for intake's writes under way (`intake_first`).
+    pub(super) fn start(
+        thread: &ArbiterHandle,
+        db: DatabaseConnection,
+        groups_in_flight: usize,
+        intake_first: Option<Arc<IntakeFirst>>,
+    ) -> Self {
         let (queue, mut requests) = mpsc::unbounded_channel();
-        actix_web::rt::spawn(async move {
+        let turns = Turns {
+            in_flight: Arc::new(Semaphore::new(groups_in_flight.max(1))),
+            connections: groups_in_flight.max(1),
+            intake_first,
+        };
+        thread.spawn(async move {
             // A panic drops the batch it held (those callers see the writer
             // gone: their calls count as not recorded) and the loop goes on.
-            while AssertUnwindSafe(write_forever(&db, &mut requests))
+            while AssertUnwindSafe(write_forever(&db, &turns, &mut requests))
                 .catch_unwind()
                 .await
                 .is_err()
@@ -115,8 +137,29 @@ impl AttemptWriter {
     }
 }
 
-async fn write_forever(db: &DatabaseConnection, requests: &mut mpsc::UnboundedReceiver<Request>) {
+/// When a group may begin.
+struct Turns {
+    /// A permit per group commit that may run at once (one per connection).
+    in_flight: Arc<Semaphore>,
+    connections: usize,
+    /// Intake's writes go first (SQLite).
+    intake_first: Option<Arc<IntakeFirst>>,
+}
+
+/// Takes the writes queued so far as one group once a group may start,
+/// and commits it in a task of its own.
+async fn write_forever(
+    db: &DatabaseConnection,
+    turns: &Turns,
+    requests: &mut mpsc::UnboundedReceiver<Request>,
+) {
     while let Some(first) = requests.recv().await {
+        let Ok(permit) = turns.in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        if let Some(intake_first) = &turns.intake_first {
+            intake_first.yield_to_intake(LONGEST_YIELD).await;
+        }
         let mut batch = vec![first];
         while batch.len() < MAX_WRITES {
             match requests.try_recv() {
@@ -124,26 +167,56 @@ async fn write_forever(db: &DatabaseConnection, requests: &mut mpsc::UnboundedRe
                 Err(_) => break,
             }
         }
-        let (writes, replies): (Vec<AttemptWrite>, Vec<_>) = batch.into_iter().unzip();
-        match commit(db, &writes).await {
-            Ok(results) => replies
-                .into_iter()
-                .zip(results)
-                .for_each(|(reply, result)| {
-                    let _ = reply.send(Ok(result));
-                }),
-            // One bad write must not fail its neighbours: retry each alone.
-            Err(_) if writes.len() > 1 => {
-                for (write, reply) in writes.into_iter().zip(replies) {
-                    let result = commit(db, std::slice::from_ref(&write)).await;
-                    let result = result.map(|mut results| results.remove(0));
-                    let _ = reply.send(result.map_err(|error| error.to_string()));
-                }
+        let db = db.clone();
+        let connections = turns.connections;
+        actix_web::rt::spawn(async move {
+            // A panic drops this group's replies: its callers see the
+            // writer gone, and their calls count as not recorded.
+            if AssertUnwindSafe(commit_group(&db, batch, connections))
+                .catch_unwind()
+                .await
+                .is_err()
+            {
+                tracing::error!("an attempt group commit panicked");
             }
-            Err(error) => replies.into_iter().for_each(|reply| {
-                let _ = reply.send(Err(error.to_string()));
+            drop(permit);
+        });
+    }
+}
+
+/// Commits one group and answers each caller. When the group fails, each
+/// write is tried alone: one bad write must not fail its neighbours, and a
+/// connection that died while idle (the pool does not test one before use)
+/// is replaced, even for a group of one: a write that finds the database
+/// unreachable is tried again on another connection, up to `connections`
+/// more times (the pool's every connection may have died together).
+async fn commit_group(db: &DatabaseConnection, batch: Vec<Request>, connections: usize) {
+    let (writes, replies): (Vec<AttemptWrite>, Vec<_>) = batch.into_iter().unzip();
+    match commit(db, &writes).await {
+        Ok(results) => replies
+            .into_iter()
+            .zip(results)
+            .for_each(|(reply, result)| {
+                let _ = reply.send(Ok(result));
             }),
+        Err(error) if writes.len() > 1 || super::is_unreachable(&error) => {
+            for (write, reply) in writes.into_iter().zip(replies) {
+                let mut result = commit(db, std::slice::from_ref(&write)).await;
+                for _ in 0..connections {
+                    match &result {
+                        Err(error) if super::is_unreachable(error) => {
+                            result = commit(db, std::slice::from_ref(&write)).await;
+                        }
+                        _ => break,
+                    }
+                }
+                let result = result.map(|mut results| results.remove(0));
+                let _ = reply.send(result.map_err(|error| error.to_string()));
+            }
         }
+        Err(error) => replies.into_iter().for_each(|reply| {
+            let _ = reply.send(Err(error.to_string()));
+        }),
     }
 }
 

@@ -80,6 +80,7 @@ pub struct LeadPage {
 impl Store {
     /// Writes the "arrived" records of a batch, before any lead row.
     pub async fn log_arrivals(&self, leads: &[NewLead]) -> Result<(), DbErr> {
+        let _first = self.intake_first.writing();
         let txn = self.intake.begin().await?;
         insert_arrivals(&txn, leads).await?;
         txn.commit().await
@@ -94,6 +95,7 @@ impl Store {
         leads: &[NewLead],
         rule: &DuplicateRule,
     ) -> Result<Vec<PersistOutcome>, DbErr> {
+        let _first = self.intake_first.writing();
         let txn = self.intake.begin().await?;
         let written = insert_leads(&txn, leads, rule).await?;
         txn.commit().await?;
@@ -110,6 +112,7 @@ impl Store {
         leads: &[NewLead],
         rule: &DuplicateRule,
     ) -> Result<Vec<PersistOutcome>, DbErr> {
+        let _first = self.intake_first.writing();
         let txn = self.intake.begin().await?;
         insert_arrivals(&txn, leads).await?;
         let written = insert_leads(&txn, leads, rule).await?;

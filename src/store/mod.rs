@@ -4,6 +4,7 @@
 mod attempt_writer;
 mod caps;
 mod deliveries;
+mod intake_first;
 mod leads;
 mod operations;
 mod person;
@@ -12,6 +13,7 @@ mod routing;
 mod sqlite_lock;
 mod tcp_nodelay;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{Arbiter, ArbiterHandle};
@@ -40,6 +42,10 @@ use crate::config::DatabaseSettings;
 /// How long a SQLite writer waits for the file lock before failing.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Most attempt group commits in flight at once (PostgreSQL): the writer
+/// pool's connections.
+const MAX_ATTEMPT_GROUPS: u32 = 4;
+
 /// A handle on the database, cheap to clone (the pool is shared).
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -55,40 +61,69 @@ pub struct Store {
     intake_thread: ArbiterHandle,
     /// Attempt rows go through one group-committing writer.
     attempts: attempt_writer::AttemptWriter,
+    /// The attempt writer's own pool, opened on (and served by) its own
+    /// thread, as intake's is.
+    writer: DatabaseConnection,
+    writer_thread: ArbiterHandle,
+    /// Intake's writes under way, which the attempt writer lets go first
+    /// on SQLite.
+    intake_first: Arc<intake_first::IntakeFirst>,
 }
 
 impl Store {
-    /// Connects (inside an actix system: it starts the intake thread and the
-    /// attempt writer) with durable commits: SQLite in WAL mode with
+    /// Connects (inside an actix system: it starts the intake and writer
+    /// threads) with durable commits: SQLite in WAL mode with
     /// `synchronous = FULL` (fsync on every commit), PostgreSQL with its
     /// defaults.
     /// `database.max_connections` is split: a quarter (at least 2) is
-    /// intake's own pool, the rest (at least 2) serves everything else.
+    /// intake's own pool, a quarter (1 to 4; 1 on SQLite) the attempt
+    /// writer's, the rest (at least 2) serves everything else.
     pub async fn connect(settings: &DatabaseSettings) -> Result<Self, DbErr> {
         if settings.is_sqlite() {
             create_sqlite_parent_dir(settings.url.expose());
         }
         let intake_connections = (settings.max_connections / 4).max(2);
+        // SQLite has one writer; on PostgreSQL attempt groups commit side
+        // by side, one per connection.
+        let writer_connections = if settings.is_sqlite() {
+            1
+        } else {
+            (settings.max_connections / 4).clamp(1, MAX_ATTEMPT_GROUPS)
+        };
         let other_connections = settings
             .max_connections
-            .saturating_sub(intake_connections)
+            .saturating_sub(intake_connections + writer_connections)
             .max(2);
         let intake_thread = Arbiter::new().handle();
+        let writer_thread = Arbiter::new().handle();
         // A store that cannot connect leaves no thread behind.
-        let stop_thread = |_: &DbErr| {
+        let stop_threads = |_: &DbErr| {
             intake_thread.stop();
+            writer_thread.stop();
         };
         let intake = pool_opened_on(&intake_thread, settings.clone(), intake_connections)
             .await
-            .inspect_err(stop_thread)?;
+            .inspect_err(stop_threads)?;
+        let writer = pool_opened_on(&writer_thread, settings.clone(), writer_connections)
+            .await
+            .inspect_err(stop_threads)?;
         let db = pool(settings, other_connections)
             .await
-            .inspect_err(stop_thread)?;
+            .inspect_err(stop_threads)?;
+        let intake_first = Arc::new(intake_first::IntakeFirst::default());
         Ok(Self {
-            attempts: attempt_writer::AttemptWriter::start(db.clone()),
+            attempts: attempt_writer::AttemptWriter::start(
+                &writer_thread,
+                writer.clone(),
+                writer_connections as usize,
+                settings.is_sqlite().then(|| intake_first.clone()),
+            ),
             db,
             intake,
             intake_thread,
+            writer,
+            writer_thread,
+            intake_first,
         })
     }
 
@@ -108,16 +143,17 @@ impl Store {
     }
 
     /// Closes the pools: new queries fail, and this waits until every query
-    /// in flight has given its connection back; then the intake thread
-    /// ends. Run before the runtime stops, so no connection is dropped
+    /// in flight has given its connection back; then the intake and
+    /// writer threads end. Run before the runtime stops, so no connection is dropped
     /// outside it.
     pub async fn close(&self) {
-        for pool in [&self.db, &self.intake] {
+        for pool in [&self.db, &self.intake, &self.writer] {
             if let Err(error) = pool.close_by_ref().await {
                 tracing::warn!(%error, "closing the database pool");
             }
         }
         self.intake_thread.stop();
+        self.writer_thread.stop();
     }
 
     /// The connection, for tests and tools that inspect rows directly.
