@@ -6,7 +6,8 @@
 //! waterfall run (leads/s, median time from arrival to sale, calls per lead).
 //!
 //! `cargo bench --bench routing` — environment: `BENCH_DB` (`sqlite` or
-//! `postgres`, default sqlite), `BENCH_LEADS` (2000), `BENCH_CLIENTS` (32).
+//! `postgres`, default sqlite), `BENCH_LEADS` (2000), `BENCH_CLIENTS` (32),
+//! `BENCH_LATENCY_MS` (each mock buyer's answer time, 20).
 
 #[path = "../tests/it/scratch_db.rs"]
 mod scratch_db;
@@ -23,26 +24,28 @@ use leadrouter::config::{DatabaseSettings, Secret};
 use leadrouter::store::Store;
 use scratch_db::{Backend, TestDatabase};
 use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter, QuerySelect};
-use support::{bases, buyers_toml, env_u64, mock_buyer, serve, submit_count, LoadResult};
+use support::{
+    bases, buyers_toml, env_u64, machine_busy_ms, mock_buyer, serve, submit_count, LoadResult,
+};
 
-/// Each mock buyer's slots (`support::buyers_toml` gives each 64) and latency.
+/// Each mock buyer's slots (`support::buyers_toml` gives each 64).
 const MOCK_SLOTS: u32 = 64;
-const MOCK_LATENCY_MS: f64 = 20.0;
-const LATENCY: &str = "20ms";
 
 fn main() {
     let leads = env_u64("BENCH_LEADS", 2000);
     let clients = env_u64("BENCH_CLIENTS", 32) as usize;
+    let latency_ms = env_u64("BENCH_LATENCY_MS", 20);
+    let latency = format!("{latency_ms}ms");
     let backend = match std::env::var("BENCH_DB").as_deref() {
         Ok("postgres") => Backend::Postgres,
         _ => Backend::Sqlite,
     };
-    println!("== routing on {backend:?}: {leads} leads, {clients} clients ==");
+    println!("== routing on {backend:?}: {leads} leads, {clients} clients, buyers answering in {latency} ==");
 
     let healthy = [
-        mock_buyer(&["--accept-rate", "0.3", "--latency", LATENCY]),
-        mock_buyer(&["--accept-rate", "0.5", "--latency", LATENCY]),
-        mock_buyer(&["--accept-rate", "0.9", "--latency", LATENCY]),
+        mock_buyer(&["--accept-rate", "0.3", "--latency", &latency]),
+        mock_buyer(&["--accept-rate", "0.5", "--latency", &latency]),
+        mock_buyer(&["--accept-rate", "0.9", "--latency", &latency]),
     ];
     let hanging = [
         mock_buyer(&["--hang"]),
@@ -74,12 +77,16 @@ fn main() {
         "                  server CPU {:>6.3} ms per outbound call (routing's share: total minus the intake-only run)",
         routing_cpu_ms / routed.calls.max(1) as f64
     );
+    let buyer_bound = buyer_bound(latency_ms as f64, routed.busiest_per_lead);
     println!(
-        "                  buyer-bound limit {:>7.0} leads/s (the busiest buyer: {MOCK_SLOTS} slots / {} ms per call / {:.2} calls per lead); routed = {:.2}x the limit",
-        routed.buyer_bound,
-        MOCK_LATENCY_MS,
-        MOCK_SLOTS as f64 / MOCK_LATENCY_MS * 1000.0 / routed.buyer_bound,
-        routed.routed_rate / routed.buyer_bound
+        "                  buyer-bound limit {:>7.0} leads/s (the busiest buyer: {MOCK_SLOTS} slots / {latency_ms} ms per call / {:.2} calls per lead); routed = {:.2}x the limit",
+        buyer_bound,
+        routed.busiest_per_lead,
+        routed.routed_rate / buyer_bound
+    );
+    println!(
+        "                  the machine meanwhile: {:.2} of 2 cores busy (time stolen by the hypervisor counts as busy)",
+        routed.cores_busy
     );
     println!(
         "intake latency:   healthy buyers p50 {:>5.2} ms p99 {:>6.2} ms",
@@ -128,8 +135,10 @@ fn main() {
 struct Phase {
     load: LoadResult,
     routed_rate: f64,
-    /// Leads/s the buyers' slots and latency allow (see `buyer_bound`).
-    buyer_bound: f64,
+    /// Calls to the buyer called most, per lead.
+    busiest_per_lead: f64,
+    /// Cores busy, all processes, from the first lead sent to the last final.
+    cores_busy: f64,
     calls: u64,
     cpu_ms: f64,
     sold: u64,
@@ -175,8 +184,8 @@ impl Breakdown {
 
 /// The leads/s the buyers allow: the busiest buyer's calls per second
 /// (its slots over its latency) over its calls per lead.
-fn buyer_bound(busiest_per_lead: f64) -> f64 {
-    MOCK_SLOTS as f64 / (MOCK_LATENCY_MS / 1000.0) / busiest_per_lead
+fn buyer_bound(latency_ms: f64, busiest_per_lead: f64) -> f64 {
+    MOCK_SLOTS as f64 / (latency_ms / 1000.0) / busiest_per_lead
 }
 
 /// Runs `serve` on a fresh database, submits `leads`, and (if `wait`) waits
@@ -200,6 +209,7 @@ fn run_phase(
         ),
     );
     let cpu_before = server.cpu_ms();
+    let machine_before = machine_busy_ms();
     let url = format!("{}/v1/leads?source=bench", server.base());
     let started = Instant::now();
     let load = System::new().block_on(submit_count(&url, leads, clients));
@@ -209,11 +219,14 @@ fn run_phase(
         Routed::default()
     };
     let cpu_ms = server.cpu_ms() - cpu_before;
+    let cores_busy =
+        (machine_busy_ms() - machine_before) / started.elapsed().as_secs_f64() / 1000.0;
     drop(server);
     Phase {
         load,
         routed_rate: routed.rate,
-        buyer_bound: buyer_bound(routed.busiest_per_lead),
+        busiest_per_lead: routed.busiest_per_lead,
+        cores_busy,
         calls: routed.calls,
         cpu_ms,
         sold: routed.sold,
