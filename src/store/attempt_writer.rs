@@ -184,32 +184,32 @@ async fn write_forever(
     }
 }
 
-/// Commits one group and answers each caller. When the group fails, each
-/// write is tried alone: one bad write must not fail its neighbours, and a
-/// connection that died while idle (the pool does not test one before use)
-/// is replaced, even for a group of one: a write that finds the database
-/// unreachable is tried again on another connection, up to `connections`
-/// more times (the pool's every connection may have died together).
+/// Commits one group and answers each caller. A connection that died while
+/// idle (the pool does not test one before use) fails only its own try: a
+/// group that finds the database unreachable goes again on another
+/// connection, up to `connections` more times (the pool's every connection
+/// may have died together), and fails as a whole only when the database
+/// really is gone. A group the database refuses is tried write by write,
+/// so that one bad write does not fail its neighbours.
 async fn commit_group(db: &DatabaseConnection, batch: Vec<Request>, connections: usize) {
     let (writes, replies): (Vec<AttemptWrite>, Vec<_>) = batch.into_iter().unzip();
-    match commit(db, &writes).await {
+    let mut committed = commit(db, &writes).await;
+    for _ in 0..connections {
+        match &committed {
+            Err(error) if super::is_unreachable(error) => committed = commit(db, &writes).await,
+            _ => break,
+        }
+    }
+    match committed {
         Ok(results) => replies
             .into_iter()
             .zip(results)
             .for_each(|(reply, result)| {
                 let _ = reply.send(Ok(result));
             }),
-        Err(error) if writes.len() > 1 || super::is_unreachable(&error) => {
+        Err(error) if writes.len() > 1 && !super::is_unreachable(&error) => {
             for (write, reply) in writes.into_iter().zip(replies) {
-                let mut result = commit(db, std::slice::from_ref(&write)).await;
-                for _ in 0..connections {
-                    match &result {
-                        Err(error) if super::is_unreachable(error) => {
-                            result = commit(db, std::slice::from_ref(&write)).await;
-                        }
-                        _ => break,
-                    }
-                }
+                let result = commit(db, std::slice::from_ref(&write)).await;
                 let result = result.map(|mut results| results.remove(0));
                 let _ = reply.send(result.map_err(|error| error.to_string()));
             }
