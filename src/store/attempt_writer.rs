@@ -22,8 +22,8 @@ use sea_orm::sea_query::{
     Alias, Expr, ExprTrait, IntoIden, OnConflict, Query, TableRef, ValueTuple,
 };
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, EntityTrait,
-    QueryFilter, QueryTrait, Set, TransactionTrait,
+    ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend,
+    DbErr, EntityTrait, QueryFilter, QuerySelect, QueryTrait, Set, TransactionTrait,
 };
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
@@ -230,7 +230,7 @@ async fn commit(db: &DatabaseConnection, writes: &[AttemptWrite]) -> Result<Vec<
 /// A group's writes in a few statements, however many there are: the
 /// answers (one UPDATE), the sales they make and their leads' `sold` (one
 /// INSERT, one UPDATE), the claims new rows are written under (one
-/// UPDATE), cap slots (in buyer order) and the new rows (one INSERT).
+/// locking read), cap slots (in buyer order) and the new rows (one INSERT).
 /// Each write's own conditions decide its result, as if it were alone.
 async fn apply(txn: &DatabaseTransaction, writes: &[AttemptWrite]) -> Result<Vec<Written>, DbErr> {
     let mut results = vec![Written::Done; writes.len()];
@@ -444,11 +444,15 @@ fn capped_skip(row: &attempt::ActiveModel) -> attempt::ActiveModel {
     skip
 }
 
-/// Which of these claims still hold, checked with one UPDATE: on
-/// PostgreSQL it locks the leads' rows until the commit, so a claim by
-/// another instance either waits for us (and then sees our rows) or has
-/// already changed the token (and we write nothing); SQLite has one
-/// writer. The token each lead is held under, of those that hold.
+/// Which of these claims still hold, checked with one statement that
+/// locks the leads' rows until the commit, so a claim by another instance
+/// either waits for us (and then sees our rows) or has already changed the
+/// token (and we write nothing). On PostgreSQL a `SELECT … FOR UPDATE`: a
+/// row lock, where an UPDATE would write a new version of every lead row
+/// (raw payload and all) in every group. SQLite has one writer and no row
+/// locks: a no-op UPDATE takes its write lock at once, so no other write
+/// can come between this check and the group's commit. The token each
+/// lead is held under, of those that hold.
 async fn claims_held<'a>(
     txn: &DatabaseTransaction,
     fences: impl Iterator<Item = &'a Fence>,
@@ -459,20 +463,32 @@ async fn claims_held<'a>(
     if leads.is_empty() {
         return Ok(HashMap::new());
     }
-    let mut statement = lead::Entity::update_many()
-        .col_expr(
-            lead::Column::LeaseUntil,
-            Expr::col(lead::Column::LeaseUntil),
-        )
-        .filter(lead::Column::Id.is_in(leads))
-        .filter(lead::Column::ClaimToken.is_in(tokens))
-        .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
-        .filter(lead::Column::LeaseUntil.gt(Utc::now()))
-        .into_query();
-    statement.returning(Query::returning().columns([lead::Column::Id, lead::Column::ClaimToken]));
-    txn.query_all(&statement)
-        .await?
-        .iter()
+    let holding = Condition::all()
+        .add(lead::Column::Id.is_in(leads))
+        .add(lead::Column::ClaimToken.is_in(tokens))
+        .add(lead::Column::State.eq(LeadState::Routing.as_str()))
+        .add(lead::Column::LeaseUntil.gt(Utc::now()));
+    let held = [lead::Column::Id, lead::Column::ClaimToken];
+    let rows = if txn.get_database_backend() == DbBackend::Postgres {
+        let statement = lead::Entity::find()
+            .select_only()
+            .columns(held)
+            .filter(holding)
+            .lock_exclusive()
+            .into_query();
+        txn.query_all(&statement).await?
+    } else {
+        let mut statement = lead::Entity::update_many()
+            .col_expr(
+                lead::Column::LeaseUntil,
+                Expr::col(lead::Column::LeaseUntil),
+            )
+            .filter(holding)
+            .into_query();
+        statement.returning(Query::returning().columns(held));
+        txn.query_all(&statement).await?
+    };
+    rows.iter()
         .map(|row| Ok((row.try_get("", "id")?, row.try_get("", "claim_token")?)))
         .collect()
 }

@@ -13,7 +13,9 @@ use leadrouter::domain::{AttemptKind, CallOutcome, ClaimToken, LeadId};
 use leadrouter::store::{
     AttemptEnd, Begun, CapPeriod, CapSlot, DuplicateRule, NewLead, SaleOf, Store, Written,
 };
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, Database, EntityTrait, QueryFilter, Statement, TransactionTrait,
+};
 use serde_json::{json, Map};
 
 use crate::helpers::{open_store, Backend, TestDatabase};
@@ -172,6 +174,76 @@ async fn writes_sharing_one_commit_each_keep_their_own_conditions(backend: Backe
         ],
         "the fenced write left no row; the capped one is a skip"
     );
+}
+
+/// On PostgreSQL a group's check of the claims its new rows are written
+/// under locks those leads' rows until its commit: another instance taking
+/// a lead over waits for the group (here it runs out of its lock timeout
+/// while the group is held up after the check), so a row is never written
+/// under a claim that was taken over in between.
+#[actix_web::test]
+async fn a_groups_claim_check_holds_the_leads_until_its_commit() {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let store = open_store(&database.url).await;
+    store.migrate().await.unwrap();
+    let leads = stored_leads(&store, 1).await;
+    let claimed = store.claim_leads(&leads, "test", LEASE).await.unwrap();
+    let other = Database::connect(&database.url).await.unwrap();
+
+    // The attempts table is held: the group stops between its check and its insert.
+    let holding_table = other.begin().await.unwrap();
+    holding_table
+        .execute_unprepared("LOCK TABLE attempts IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let group = actix_web::rt::spawn({
+        let (store, call) = (
+            store.clone(),
+            call(&leads[0], &claimed.token, "b1", AttemptKind::PING),
+        );
+        async move { store.begin_attempt(call).await }
+    });
+    crate::helpers::wait_until(
+        "the group waits at its insert",
+        Duration::from_secs(10),
+        || {
+            let other = other.clone();
+            async move {
+                let waiting = other
+                .query_one_raw(Statement::from_string(
+                    other.get_database_backend(),
+                    "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                     AND query LIKE 'INSERT INTO \"attempts\"%'",
+                ))
+                .await
+                .unwrap()
+                .unwrap();
+                waiting.try_get::<i64>("", "n").unwrap() == 1
+            }
+        },
+    )
+    .await;
+
+    let takeover = other.begin().await.unwrap();
+    takeover
+        .execute_unprepared("SET LOCAL lock_timeout = '200ms'")
+        .await
+        .unwrap();
+    let taken = takeover
+        .execute_raw(Statement::from_sql_and_values(
+            takeover.get_database_backend(),
+            "UPDATE leads SET claim_token = 'thief' WHERE id = $1",
+            [leads[0].as_str().into()],
+        ))
+        .await;
+    let refused = taken
+        .expect_err("the lead's row is locked by the group")
+        .to_string();
+    assert!(refused.contains("lock timeout"), "{refused}");
+    takeover.rollback().await.unwrap();
+
+    holding_table.rollback().await.unwrap();
+    begun(group.await.unwrap());
 }
 
 /// `count` valid leads, stored (in `received`).
