@@ -107,7 +107,7 @@ impl Store {
         let writer = pool_opened_on(&writer_thread, settings.clone(), writer_connections)
             .await
             .inspect_err(stop_threads)?;
-        let db = pool(settings, other_connections)
+        let db = pool(settings, other_connections, Planning::ForEachRun)
             .await
             .inspect_err(stop_threads)?;
         let intake_first = Arc::new(intake_first::IntakeFirst::default());
@@ -170,16 +170,38 @@ async fn pool_opened_on(
 ) -> Result<DatabaseConnection, DbErr> {
     let (reply, answer) = oneshot::channel();
     thread.spawn(async move {
-        let _ = reply.send(pool(&settings, connections).await);
+        let _ = reply.send(pool(&settings, connections, Planning::Default).await);
     });
     answer
         .await
         .map_err(|_| DbErr::Custom("the intake thread stopped".into()))?
 }
 
+/// How PostgreSQL plans a pool's prepared statements.
+#[derive(Debug, Clone, Copy)]
+enum Planning {
+    /// Its default: after five runs a statement may keep one generic plan
+    /// (intake's and the attempt writer's writes by key plan alike
+    /// whatever their values).
+    Default,
+    /// Each run planned for its values. Under a generic plan the claims'
+    /// `LIMIT $n` is guessed at a tenth of the table, and PostgreSQL then
+    /// joins a scan of the whole backlog at every claim.
+    ForEachRun,
+}
+
 /// One pool of `connections` on the configured database.
-async fn pool(settings: &DatabaseSettings, connections: u32) -> Result<DatabaseConnection, DbErr> {
+async fn pool(
+    settings: &DatabaseSettings,
+    connections: u32,
+    planning: Planning,
+) -> Result<DatabaseConnection, DbErr> {
     let mut options = ConnectOptions::new(settings.url.expose().to_string());
+    if let Planning::ForEachRun = planning {
+        options.map_sqlx_postgres_opts(|options| {
+            options.options([("plan_cache_mode", "force_custom_plan")])
+        });
+    }
     options
         .max_connections(connections)
         .acquire_timeout(settings.acquire_timeout)

@@ -165,28 +165,35 @@ fn attempt_row(
 /// with a lease that ran out by `now`.
 fn waiting_to_be_routed(now: DateTime<Utc>) -> Condition {
     Condition::any()
+        .add(received_and_due(now))
+        .add(lease_ran_out(now))
+}
+
+/// Leads in `received`, not set aside, past any backoff.
+fn received_and_due(now: DateTime<Utc>) -> Condition {
+    Condition::all()
+        .add(lead::Column::State.eq(LeadState::Received.as_str()))
+        .add(lead::Column::SetAsideReason.is_null())
         .add(
-            Condition::all()
-                .add(lead::Column::State.eq(LeadState::Received.as_str()))
-                .add(lead::Column::SetAsideReason.is_null())
-                .add(
-                    Condition::any()
-                        .add(lead::Column::RouteAfter.is_null())
-                        .add(lead::Column::RouteAfter.lte(now)),
-                ),
-        )
-        .add(
-            Condition::all()
-                .add(lead::Column::State.eq(LeadState::Routing.as_str()))
-                .add(lead::Column::LeaseUntil.lt(now)),
+            Condition::any()
+                .add(lead::Column::RouteAfter.is_null())
+                .add(lead::Column::RouteAfter.lte(now)),
         )
 }
 
+/// Leads in `routing` whose lease ran out by `now`.
+fn lease_ran_out(now: DateTime<Utc>) -> Condition {
+    Condition::all()
+        .add(lead::Column::State.eq(LeadState::Routing.as_str()))
+        .add(lead::Column::LeaseUntil.lt(now))
+}
+
 /// `UPDATE leads SET state = 'routing', lease…, claim_token WHERE id IN
-/// (SELECT id FROM <candidates> FOR UPDATE SKIP LOCKED) AND waiting` (the
-/// lock clause is left out on SQLite).
+/// (SELECT id FROM <candidates> FOR UPDATE SKIP LOCKED) AND <waiting>`
+/// (the lock clause is left out on SQLite).
 fn claim_statement(
     candidates: sea_orm::Select<lead::Entity>,
+    waiting: Condition,
     holder: &Holder<'_>,
     now: DateTime<Utc>,
 ) -> sea_orm::UpdateMany<lead::Entity> {
@@ -197,15 +204,25 @@ fn claim_statement(
         .into_query();
     held_by(lead::Entity::update_many(), holder, now)
         .filter(lead::Column::Id.in_subquery(candidates))
-        .filter(waiting_to_be_routed(now))
+        .filter(waiting)
 }
 
-/// The sweep's candidates: up to `limit` of the oldest waiting leads.
-fn oldest_waiting(limit: u64, now: DateTime<Utc>) -> sea_orm::Select<lead::Entity> {
+/// Up to `limit` of the oldest leads in `waiting`: one condition without
+/// OR at the top, so that the `(state, received_at)` index yields them in
+/// order and the scan stops at `limit` (an OR of two states is a scan and
+/// a sort of the whole backlog, at every claim).
+fn oldest(waiting: Condition, limit: u64) -> sea_orm::Select<lead::Entity> {
     lead::Entity::find()
-        .filter(waiting_to_be_routed(now))
+        .filter(waiting)
         .order_by_asc(lead::Column::ReceivedAt)
         .limit(limit)
+}
+
+/// The rows a claim took so far, and which of them have attempts.
+#[derive(Default)]
+struct Taken {
+    rows: Vec<lead::Model>,
+    with_history: Vec<String>,
 }
 
 /// Who takes leads, under which token, until when.
@@ -280,20 +297,40 @@ impl Store {
         // statistics scans the state index, dead entries and all).
         let ids = lead_ids.iter().map(LeadId::as_str);
         let candidates = lead::Entity::find().filter(lead::Column::Id.is_in(ids));
-        self.claim(candidates, Utc::now(), owner, lease).await
+        let (now, holder) = (Utc::now(), Holder::new(owner, lease));
+        let mut taken = Taken::default();
+        self.take(
+            &mut taken,
+            candidates,
+            waiting_to_be_routed(now),
+            &holder,
+            now,
+        )
+        .await?;
+        self.claimed(holder, taken).await
     }
 
-    /// The reconciliation sweep: takes up to `limit` of the oldest leads in
-    /// `received`, or in `routing` with a lease that ran out.
+    /// The reconciliation sweep: takes up to `limit` leads, those in
+    /// `routing` whose lease ran out (an instance stopped while routing
+    /// them) first, then the oldest in `received`.
     pub async fn claim_waiting(
         &self,
         limit: u64,
         owner: &str,
         lease: Duration,
     ) -> Result<Claimed, DbErr> {
-        let now = Utc::now();
-        self.claim(oldest_waiting(limit, now), now, owner, lease)
-            .await
+        let (now, holder) = (Utc::now(), Holder::new(owner, lease));
+        let mut taken = Taken::default();
+        for waiting in [lease_ran_out(now), received_and_due(now)] {
+            let room = limit.saturating_sub(taken.rows.len() as u64);
+            if room == 0 {
+                break;
+            }
+            let candidates = oldest(waiting.clone(), room);
+            self.take(&mut taken, candidates, waiting, &holder, now)
+                .await?;
+        }
+        self.claimed(holder, taken).await
     }
 
     /// One atomic claim: `UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP
@@ -301,19 +338,17 @@ impl Store {
     /// other's rows instead of queueing on them; on SQLite (one writer at a
     /// time, and sea-query drops the lock clause) the conditional UPDATE is
     /// atomic by itself. Either way the UPDATE re-checks that each lead is
-    /// still waiting, and answers (`RETURNING`) the rows it gave our token,
-    /// each with whether it has attempts (an index probe); one more query
-    /// reads the attempts of those that have, so a claim of fresh leads is
-    /// one statement.
-    async fn claim(
+    /// still `waiting`, and answers (`RETURNING`) the rows it gave the
+    /// holder's token, each with whether it has attempts (an index probe).
+    async fn take(
         &self,
+        taken: &mut Taken,
         candidates: sea_orm::Select<lead::Entity>,
+        waiting: Condition,
+        holder: &Holder<'_>,
         now: DateTime<Utc>,
-        owner: &str,
-        lease: Duration,
-    ) -> Result<Claimed, DbErr> {
-        let holder = Holder::new(owner, lease);
-        let mut statement = claim_statement(candidates, &holder, now).into_query();
+    ) -> Result<(), DbErr> {
+        let mut statement = claim_statement(candidates, waiting, holder, now).into_query();
         let has_history = Expr::exists(
             Query::select()
                 .expr(Expr::val(1))
@@ -330,18 +365,24 @@ impl Store {
             .collect();
         let has_history_at = columns.len();
         statement.returning(Query::returning().exprs(columns.into_iter().chain([has_history])));
-        let mut rows = Vec::new();
-        let mut with_history = Vec::new();
         for returned in self.db.query_all(&statement).await? {
             let row = lead::Model::from_query_result(&returned, "")?;
             if returned.try_get_by_index::<bool>(has_history_at)? {
-                with_history.push(row.id.clone());
+                taken.with_history.push(row.id.clone());
             }
-            rows.push(row);
+            taken.rows.push(row);
         }
-        let with_history: Vec<&str> = with_history.iter().map(String::as_str).collect();
+        Ok(())
+    }
+
+    /// The leads taken under the holder's token, with the attempts of
+    /// those that have any (one more query), so that a claim of fresh
+    /// leads is one statement.
+    async fn claimed(&self, holder: Holder<'_>, taken: Taken) -> Result<Claimed, DbErr> {
+        let with_history: Vec<&str> = taken.with_history.iter().map(String::as_str).collect();
         let mut histories = self.attempts_of_leads(&with_history).await?;
-        let leads = rows
+        let leads = taken
+            .rows
             .into_iter()
             .map(|row| ClaimedLead {
                 history: histories.remove(&row.id).unwrap_or_default(),
@@ -805,21 +846,35 @@ mod tests {
 
     #[test]
     fn postgres_claims_skip_locked_rows_and_sqlite_relies_on_its_single_writer() {
-        let claim = |backend| {
+        let now = Utc::now();
+        let sweep = |waiting: fn(DateTime<Utc>) -> Condition, backend| {
             let holder = Holder::new("me", Duration::from_secs(60));
-            let now = Utc::now();
-            claim_statement(oldest_waiting(10, now), &holder, now)
+            claim_statement(oldest(waiting(now), 10), waiting(now), &holder, now)
                 .build(backend)
                 .to_string()
         };
-        let postgres = claim(DbBackend::Postgres);
+        let postgres = sweep(received_and_due, DbBackend::Postgres);
         assert!(postgres.contains("FOR UPDATE SKIP LOCKED"), "{postgres}");
-        assert!(
-            postgres.contains("\"lease_until\" <"),
-            "expired leases are claimable: {postgres}"
-        );
-        let sqlite = claim(DbBackend::Sqlite);
+        assert!(postgres.contains("LIMIT"), "{postgres}");
+        let sqlite = sweep(received_and_due, DbBackend::Sqlite);
         assert!(!sqlite.contains("FOR UPDATE"), "{sqlite}");
         assert!(sqlite.contains("LIMIT"), "{sqlite}");
+    }
+
+    #[test]
+    fn each_sweep_search_is_one_state_so_its_index_yields_the_oldest_first() {
+        let now = Utc::now();
+        let sweep = |waiting: fn(DateTime<Utc>) -> Condition| {
+            let holder = Holder::new("me", Duration::from_secs(60));
+            claim_statement(oldest(waiting(now), 10), waiting(now), &holder, now)
+                .build(DbBackend::Postgres)
+                .to_string()
+        };
+        let received = sweep(received_and_due);
+        assert!(!received.contains(" OR \"leads\".\"state\""), "{received}");
+        assert!(!received.contains("\"lease_until\" <"), "{received}");
+        let expired = sweep(lease_ran_out);
+        assert!(expired.contains("\"lease_until\" <"), "{expired}");
+        assert!(!expired.contains("'received'"), "{expired}");
     }
 }

@@ -11,7 +11,8 @@ use serde_json::{json, Value};
 
 use crate::buyers::{accept, refusing_url, Answer, BrokenBuyer, BuyerConfig, TestBuyer};
 use crate::helpers::{
-    spawn_app_adjusted, spawn_app_with, wait_until, Backend, TestApp, BUYER_TOKEN,
+    open_store, spawn_app_adjusted, spawn_app_with, wait_until, Backend, TestApp, TestDatabase,
+    BUYER_TOKEN,
 };
 use crate::on_both_databases;
 
@@ -720,4 +721,29 @@ async fn leads_beyond_the_routers_room_are_sold_as_walks_end(backend: Backend) {
     let pings = buyer.calls_per_lead("ping");
     assert_eq!(pings.len() as u64, leads);
     assert!(pings.values().all(|&calls| calls == 1), "{pings:?}");
+}
+
+/// On PostgreSQL the routing pool plans each statement for its values: a
+/// generic plan guesses a claim's `LIMIT $n` at a tenth of the table and
+/// scans the whole backlog at every claim.
+#[actix_web::test]
+async fn postgres_plans_routings_statements_for_their_values() {
+    use sea_orm::{ConnectionTrait, Statement};
+
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let store = open_store(&database.url).await;
+    let db = store.connection();
+    let mode = db
+        .query_one_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SHOW plan_cache_mode",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        mode.try_get::<String>("", "plan_cache_mode").unwrap(),
+        "force_custom_plan"
+    );
+    crate::helpers::close_stores().await;
 }
