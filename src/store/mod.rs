@@ -11,6 +11,7 @@ mod person;
 mod report;
 mod routing;
 mod sqlite_lock;
+mod statistics;
 mod tcp_nodelay;
 
 use std::sync::Arc;
@@ -68,6 +69,8 @@ pub struct Store {
     /// Intake's writes under way, which the attempt writer lets go first
     /// on SQLite.
     intake_first: Arc<intake_first::IntakeFirst>,
+    /// When the routing tables were last analyzed for a backlog.
+    statistics: Arc<statistics::Statistics>,
 }
 
 impl Store {
@@ -124,6 +127,7 @@ impl Store {
             writer,
             writer_thread,
             intake_first,
+            statistics: Arc::default(),
         })
     }
 

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use entity::{alert, attempt, lead, sale};
-use sea_orm::sea_query::{Expr, LockBehavior, LockType, Query};
+use sea_orm::sea_query::{Expr, LockBehavior, LockType, Query, QueryStatementBuilder};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, ExprTrait,
-    FromQueryResult, Iterable, QueryFilter, QueryOrder, QuerySelect, QueryTrait, TransactionTrait,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbBackend, DbErr, EntityTrait,
+    ExprTrait, FromQueryResult, Iterable, QueryFilter, QueryOrder, QuerySelect, QueryTrait,
+    TransactionTrait,
 };
 use serde_json::Value;
 
@@ -188,22 +189,38 @@ fn lease_ran_out(now: DateTime<Utc>) -> Condition {
         .add(lead::Column::LeaseUntil.lt(now))
 }
 
-/// `UPDATE leads SET state = 'routing', lease…, claim_token WHERE id IN
-/// (SELECT id FROM <candidates> FOR UPDATE SKIP LOCKED) AND <waiting>`
-/// (the lock clause is left out on SQLite).
+/// `UPDATE leads SET state = 'routing', lease…, claim_token WHERE id =
+/// ANY(ARRAY(SELECT id FROM <candidates> FOR UPDATE SKIP LOCKED)) AND
+/// <waiting>` on PostgreSQL: `ARRAY(…)` runs the subquery once, where
+/// PostgreSQL may run an `IN (…)` subquery again for each row it joins, and
+/// each run takes a further `LIMIT` of leads (a claim of 5 took 20). SQLite
+/// runs an `IN (…)` subquery once, and has no lock clause (sea-query
+/// leaves it out).
 fn claim_statement(
     candidates: sea_orm::Select<lead::Entity>,
     waiting: Condition,
     holder: &Holder<'_>,
     now: DateTime<Utc>,
+    backend: DbBackend,
 ) -> sea_orm::UpdateMany<lead::Entity> {
     let candidates = candidates
         .select_only()
         .column(lead::Column::Id)
         .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
         .into_query();
+    let among_candidates = if backend == DbBackend::Postgres {
+        Expr::cust_with_exprs(
+            "$1 = ANY(ARRAY($2))",
+            [
+                Expr::col((lead::Entity, lead::Column::Id)),
+                Expr::SubQuery(None, Box::new(candidates.into_sub_query_statement())),
+            ],
+        )
+    } else {
+        lead::Column::Id.in_subquery(candidates)
+    };
     held_by(lead::Entity::update_many(), holder, now)
-        .filter(lead::Column::Id.in_subquery(candidates))
+        .filter(among_candidates)
         .filter(waiting)
 }
 
@@ -330,6 +347,9 @@ impl Store {
             self.take(&mut taken, candidates, waiting, &holder, now)
                 .await?;
         }
+        if taken.rows.len() as u64 == limit {
+            self.statistics.backlog_found(&self.db);
+        }
         self.claimed(holder, taken).await
     }
 
@@ -348,7 +368,8 @@ impl Store {
         holder: &Holder<'_>,
         now: DateTime<Utc>,
     ) -> Result<(), DbErr> {
-        let mut statement = claim_statement(candidates, waiting, holder, now).into_query();
+        let backend = self.db.get_database_backend();
+        let mut statement = claim_statement(candidates, waiting, holder, now, backend).into_query();
         let has_history = Expr::exists(
             Query::select()
                 .expr(Expr::val(1))
@@ -840,7 +861,7 @@ fn fence_of(new: &NewAttempt) -> (Fence, Vec<CapSlot>) {
 
 #[cfg(test)]
 mod tests {
-    use sea_orm::{DbBackend, QueryTrait};
+    use sea_orm::QueryTrait;
 
     use super::*;
 
@@ -849,13 +870,20 @@ mod tests {
         let now = Utc::now();
         let sweep = |waiting: fn(DateTime<Utc>) -> Condition, backend| {
             let holder = Holder::new("me", Duration::from_secs(60));
-            claim_statement(oldest(waiting(now), 10), waiting(now), &holder, now)
-                .build(backend)
-                .to_string()
+            claim_statement(
+                oldest(waiting(now), 10),
+                waiting(now),
+                &holder,
+                now,
+                backend,
+            )
+            .build(backend)
+            .to_string()
         };
         let postgres = sweep(received_and_due, DbBackend::Postgres);
         assert!(postgres.contains("FOR UPDATE SKIP LOCKED"), "{postgres}");
         assert!(postgres.contains("LIMIT"), "{postgres}");
+        assert!(postgres.contains("= ANY(ARRAY((SELECT"), "{postgres}");
         let sqlite = sweep(received_and_due, DbBackend::Sqlite);
         assert!(!sqlite.contains("FOR UPDATE"), "{sqlite}");
         assert!(sqlite.contains("LIMIT"), "{sqlite}");
@@ -866,9 +894,16 @@ mod tests {
         let now = Utc::now();
         let sweep = |waiting: fn(DateTime<Utc>) -> Condition| {
             let holder = Holder::new("me", Duration::from_secs(60));
-            claim_statement(oldest(waiting(now), 10), waiting(now), &holder, now)
-                .build(DbBackend::Postgres)
-                .to_string()
+            let postgres = DbBackend::Postgres;
+            claim_statement(
+                oldest(waiting(now), 10),
+                waiting(now),
+                &holder,
+                now,
+                postgres,
+            )
+            .build(postgres)
+            .to_string()
         };
         let received = sweep(received_and_due);
         assert!(!received.contains(" OR \"leads\".\"state\""), "{received}");

@@ -747,3 +747,71 @@ async fn postgres_plans_routings_statements_for_their_values() {
     );
     crate::helpers::close_stores().await;
 }
+
+/// A sweep that finds more leads waiting than it can take has the store
+/// refresh PostgreSQL's statistics of the routing tables at once (with
+/// none, the planner sorts the whole backlog at every claim).
+#[actix_web::test]
+async fn a_backlog_found_by_a_sweep_refreshes_the_planner_statistics() {
+    use leadrouter::store::{DuplicateRule, NewLead};
+    use sea_orm::{ConnectionTrait, Statement};
+
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let store = open_store(&database.url).await;
+    store.migrate().await.unwrap();
+    let leads: Vec<NewLead> = (0..20)
+        .map(|n| NewLead {
+            id: leadrouter::domain::new_id(),
+            source_id: "web".into(),
+            idempotency_key: Some(format!("key-{n}")),
+            external_id: None,
+            raw: Vec::new(),
+            raw_content_type: "application/json".into(),
+            remote_ip: None,
+            fields: serde_json::Map::from_iter([(
+                "email".into(),
+                json!(format!("p{n}@example.com")),
+            )]),
+            attribution: serde_json::Map::new(),
+            is_test: false,
+            errors: Vec::new(),
+            received_at: chrono::Utc::now(),
+            accept_on_store: true,
+        })
+        .collect();
+    let rule = DuplicateRule {
+        window: Duration::ZERO,
+        keys: Vec::new(),
+    };
+    store.persist_leads(&leads, &rule).await.unwrap();
+    let db = store.connection().clone();
+    let analyzed = || {
+        let db = db.clone();
+        async move {
+            db.query_one_raw(Statement::from_string(
+                db.get_database_backend(),
+                "SELECT COUNT(*) AS n FROM pg_stat_user_tables \
+                 WHERE relname IN ('leads', 'attempts') AND last_analyze IS NOT NULL",
+            ))
+            .await
+            .unwrap()
+            .unwrap()
+            .try_get::<i64>("", "n")
+            .unwrap()
+        }
+    };
+    assert_eq!(analyzed().await, 0, "a new database was never analyzed");
+
+    let room = store
+        .claim_waiting(5, "test", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(room.leads.len(), 5, "more leads wait than the sweep took");
+    wait_until(
+        "leads and attempts analyzed",
+        Duration::from_secs(10),
+        || async { analyzed().await == 2 },
+    )
+    .await;
+    crate::helpers::close_stores().await;
+}
