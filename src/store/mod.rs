@@ -1,6 +1,7 @@
 //! The only place that talks to the database: connecting (SQLite or
 //! PostgreSQL through the same sea-orm code), migrating, and the queries.
 
+mod at_most_every;
 mod attempt_writer;
 mod caps;
 mod deliveries;
@@ -71,6 +72,8 @@ pub struct Store {
     intake_first: Arc<intake_first::IntakeFirst>,
     /// When the routing tables were last analyzed for a backlog.
     statistics: Arc<statistics::Statistics>,
+    /// When a sweep last looked for leases that ran out.
+    lease_search: Arc<at_most_every::AtMostEvery>,
 }
 
 impl Store {
@@ -128,6 +131,7 @@ impl Store {
             writer_thread,
             intake_first,
             statistics: Arc::default(),
+            lease_search: Arc::new(at_most_every::AtMostEvery::new(routing::LEASE_SEARCH_EVERY)),
         })
     }
 

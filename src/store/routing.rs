@@ -297,6 +297,13 @@ fn final_outcomes() -> [&'static str; 6] {
     .map(AttemptOutcome::as_str)
 }
 
+/// A sweep looks for leases that ran out at most this often: they are
+/// rare (an instance stopped while routing), and until the table is
+/// vacuumed the search walks an index entry for every lead that was
+/// routed lately, which under a draining backlog made it the costliest
+/// statement of a claim although it found nothing.
+pub(super) const LEASE_SEARCH_EVERY: Duration = Duration::from_secs(1);
+
 /// Leads requeued per statement when a buyer recovers.
 const REQUEUE_PAGE: u64 = 1000;
 
@@ -329,7 +336,8 @@ impl Store {
 
     /// The reconciliation sweep: takes up to `limit` leads, those in
     /// `routing` whose lease ran out (an instance stopped while routing
-    /// them) first, then the oldest in `received`.
+    /// them) first, at most every `LEASE_SEARCH_EVERY`, then the oldest in
+    /// `received`.
     pub async fn claim_waiting(
         &self,
         limit: u64,
@@ -338,7 +346,12 @@ impl Store {
     ) -> Result<Claimed, DbErr> {
         let (now, holder) = (Utc::now(), Holder::new(owner, lease));
         let mut taken = Taken::default();
-        for waiting in [lease_ran_out(now), received_and_due(now)] {
+        let searches = if self.lease_search.due() {
+            vec![lease_ran_out(now), received_and_due(now)]
+        } else {
+            vec![received_and_due(now)]
+        };
+        for waiting in searches {
             let room = limit.saturating_sub(taken.rows.len() as u64);
             if room == 0 {
                 break;

@@ -10,36 +10,35 @@
 //! a backlog, the store analyzes `leads` and `attempts` at once, in the
 //! background, at most once per `EVERY`. SQLite plans without them.
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend};
+
+use super::at_most_every::AtMostEvery;
 
 /// Statistics are refreshed at most this often.
 const EVERY: Duration = Duration::from_secs(300);
 
 /// When the statistics were last refreshed by this store.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Statistics {
-    refreshed_at: Mutex<Option<Instant>>,
+    refresh: AtMostEvery,
+}
+
+impl Default for Statistics {
+    fn default() -> Self {
+        Self {
+            refresh: AtMostEvery::new(EVERY),
+        }
+    }
 }
 
 impl Statistics {
     /// A claim found more waiting leads than it could take: analyzes the
     /// routing tables unless that was done within `EVERY`.
     pub(super) fn backlog_found(&self, db: &DatabaseConnection) {
-        if db.get_database_backend() != DbBackend::Postgres {
+        if db.get_database_backend() != DbBackend::Postgres || !self.refresh.due() {
             return;
-        }
-        {
-            let mut refreshed_at = self
-                .refreshed_at
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if refreshed_at.is_some_and(|at| at.elapsed() < EVERY) {
-                return;
-            }
-            *refreshed_at = Some(Instant::now());
         }
         let db = db.clone();
         tokio::spawn(async move {
