@@ -662,7 +662,10 @@ impl Store {
                 .await?
                 .rows_affected;
             requeued += moved;
-            if moved < page {
+            // Only a page that moved nothing ends it: a lead of a full page
+            // taken meanwhile (a probe's requeue, a sweep) moves one fewer,
+            // and thousands more may still wait behind it.
+            if moved == 0 {
                 break;
             }
         }
