@@ -165,17 +165,23 @@ async fn read_status(url: &str) -> Value {
 }
 
 /// Polls `/v1/status` every half second until `done` holds for two reads
-/// in a row a second apart (a requeue may land between two reads).
+/// whose counts were taken (`counted_at`) a second or more apart: a
+/// requeue may land between two counts, and under a backlog the service
+/// shows one count for longer than a second.
 async fn wait_for(url: &str, what: &str, done: impl Fn(&Value) -> bool) {
     let started = Instant::now();
-    let mut held_since: Option<Instant> = None;
+    let mut held_since: Option<chrono::DateTime<chrono::Utc>> = None;
     loop {
         let status = read_status(url).await;
-        match (done(&status), held_since) {
-            (true, Some(since)) if since.elapsed() >= Duration::from_secs(1) => return,
-            (true, None) => held_since = Some(Instant::now()),
-            (true, Some(_)) => {}
-            (false, _) => held_since = None,
+        let counted_at = status["counted_at"]
+            .as_str()
+            .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok())
+            .map(|at| at.to_utc());
+        match (done(&status).then_some(counted_at).flatten(), held_since) {
+            (Some(at), Some(since)) if at - since >= chrono::Duration::seconds(1) => return,
+            (Some(at), None) => held_since = Some(at),
+            (Some(_), Some(_)) => {}
+            (None, _) => held_since = None,
         }
         assert!(
             started.elapsed() < Duration::from_secs(1800),

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use sea_orm::DbErr;
 use tokio::sync::Mutex;
 
@@ -38,6 +38,8 @@ pub struct Figures {
     pub sold_today: HashMap<String, u64>,
     pub outcomes: HashMap<String, OutcomeCounts>,
     pub caps: HashMap<String, Vec<CapUse>>,
+    /// When they were read.
+    pub read_at: DateTime<Utc>,
 }
 
 impl Figures {
@@ -57,6 +59,7 @@ impl Figures {
             sold_today: store.sales_by_buyer(start_of_day(now)).await?,
             outcomes: store.outcome_counts(now - RECENT).await?,
             caps,
+            read_at: now,
         })
     }
 }

@@ -8,7 +8,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 
 use super::buyers::{buyer_views, BuyerView};
 use super::error::ErrorBody;
@@ -46,6 +46,11 @@ pub struct StatusView {
     notify: Vec<ChannelHealth>,
     /// Null while the database is unreachable.
     leads: Option<LeadCounts>,
+    /// When the lead counts (and the buyers' sales and outcome counts)
+    /// were read: at most a second ago, longer under a backlog large
+    /// enough to make counting slow (see `figures`). Null while the
+    /// database is unreachable.
+    counted_at: Option<DateTime<Utc>>,
     /// Invalid and unknown leads; null while the database is unreachable.
     review: Option<Backlog>,
     /// Leads in the spool, waiting for the database.
@@ -113,6 +118,7 @@ async fn build(request: &HttpRequest, state: &AppState) -> StatusView {
         buyers,
         notify: state.tree.couriers.health(&state.settings()),
         leads,
+        counted_at: figures.as_ref().map(|figures| figures.read_at),
         review,
         spool: Backlog {
             pending: state.tree.spool.pending() as u64,
