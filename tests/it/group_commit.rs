@@ -10,15 +10,13 @@ use chrono::Utc;
 use entity::{attempt, lead, sale};
 use futures_util::future::join_all;
 use leadrouter::domain::{AttemptKind, CallOutcome, ClaimToken, LeadId};
-use leadrouter::store::{
-    AttemptEnd, Begun, CapPeriod, CapSlot, DuplicateRule, NewLead, SaleOf, Store, Written,
-};
+use leadrouter::store::{AttemptEnd, Begun, CapPeriod, CapSlot, SaleOf, Written};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, Database, EntityTrait, QueryFilter, Statement, TransactionTrait,
 };
-use serde_json::{json, Map};
+use serde_json::json;
 
-use crate::helpers::{open_store, Backend, TestDatabase};
+use crate::helpers::{open_store, stored_leads, Backend, TestDatabase};
 use crate::on_both_databases;
 
 on_both_databases!(writes_sharing_one_commit_each_keep_their_own_conditions);
@@ -244,36 +242,6 @@ async fn a_groups_claim_check_holds_the_leads_until_its_commit() {
 
     holding_table.rollback().await.unwrap();
     begun(group.await.unwrap());
-}
-
-/// `count` valid leads, stored (in `received`).
-async fn stored_leads(store: &Store, count: usize) -> Vec<LeadId> {
-    let leads: Vec<NewLead> = (0..count)
-        .map(|n| NewLead {
-            id: leadrouter::domain::new_id(),
-            source_id: "web".into(),
-            idempotency_key: Some(format!("key-{n}")),
-            external_id: None,
-            raw: Vec::new(),
-            raw_content_type: "application/json".into(),
-            remote_ip: None,
-            fields: Map::from_iter([("email".into(), json!(format!("p{n}@example.com")))]),
-            attribution: Map::new(),
-            is_test: false,
-            errors: Vec::new(),
-            received_at: Utc::now(),
-            accept_on_store: true,
-        })
-        .collect();
-    let rule = DuplicateRule {
-        window: Duration::ZERO,
-        keys: Vec::new(),
-    };
-    store.persist_leads(&leads, &rule).await.unwrap();
-    leads
-        .into_iter()
-        .map(|lead| LeadId::from(lead.id))
-        .collect()
 }
 
 fn call(

@@ -351,3 +351,36 @@ where
         actix_web::rt::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// `count` valid leads, stored (in `received`).
+pub async fn stored_leads(store: &Store, count: usize) -> Vec<leadrouter::domain::LeadId> {
+    let leads: Vec<leadrouter::store::NewLead> = (0..count)
+        .map(|n| leadrouter::store::NewLead {
+            id: leadrouter::domain::new_id(),
+            source_id: "web".into(),
+            idempotency_key: Some(format!("key-{n}")),
+            external_id: None,
+            raw: Vec::new(),
+            raw_content_type: "application/json".into(),
+            remote_ip: None,
+            fields: serde_json::Map::from_iter([(
+                "email".into(),
+                serde_json::json!(format!("p{n}@example.com")),
+            )]),
+            attribution: serde_json::Map::new(),
+            is_test: false,
+            errors: Vec::new(),
+            received_at: chrono::Utc::now(),
+            accept_on_store: true,
+        })
+        .collect();
+    let rule = leadrouter::store::DuplicateRule {
+        window: Duration::ZERO,
+        keys: Vec::new(),
+    };
+    store.persist_leads(&leads, &rule).await.unwrap();
+    leads
+        .into_iter()
+        .map(|lead| leadrouter::domain::LeadId::from(lead.id))
+        .collect()
+}

@@ -753,37 +753,12 @@ async fn postgres_plans_routings_statements_for_their_values() {
 /// none, the planner sorts the whole backlog at every claim).
 #[actix_web::test]
 async fn a_backlog_found_by_a_sweep_refreshes_the_planner_statistics() {
-    use leadrouter::store::{DuplicateRule, NewLead};
     use sea_orm::{ConnectionTrait, Statement};
 
     let database = TestDatabase::create(Backend::Postgres).await;
     let store = open_store(&database.url).await;
     store.migrate().await.unwrap();
-    let leads: Vec<NewLead> = (0..20)
-        .map(|n| NewLead {
-            id: leadrouter::domain::new_id(),
-            source_id: "web".into(),
-            idempotency_key: Some(format!("key-{n}")),
-            external_id: None,
-            raw: Vec::new(),
-            raw_content_type: "application/json".into(),
-            remote_ip: None,
-            fields: serde_json::Map::from_iter([(
-                "email".into(),
-                json!(format!("p{n}@example.com")),
-            )]),
-            attribution: serde_json::Map::new(),
-            is_test: false,
-            errors: Vec::new(),
-            received_at: chrono::Utc::now(),
-            accept_on_store: true,
-        })
-        .collect();
-    let rule = DuplicateRule {
-        window: Duration::ZERO,
-        keys: Vec::new(),
-    };
-    store.persist_leads(&leads, &rule).await.unwrap();
+    crate::helpers::stored_leads(&store, 20).await;
     let db = store.connection().clone();
     let analyzed = || {
         let db = db.clone();
