@@ -257,7 +257,11 @@ impl Store {
                 delivery::Column::Tries,
                 Expr::col(delivery::Column::Tries).add(1),
             )
-            .filter(delivery::Column::LeadId.in_subquery(candidates))
+            .filter(super::among(
+                Expr::col((delivery::Entity, delivery::Column::LeadId)),
+                candidates,
+                self.db.get_database_backend(),
+            ))
             .filter(due(&key, now))
             .into_query();
         claim.returning(Query::returning().columns([

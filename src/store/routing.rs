@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use entity::{alert, attempt, lead, sale};
-use sea_orm::sea_query::{Expr, LockBehavior, LockType, Query, QueryStatementBuilder};
+use sea_orm::sea_query::{Expr, LockBehavior, LockType, Query};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbBackend, DbErr, EntityTrait,
     ExprTrait, FromQueryResult, Iterable, QueryFilter, QueryOrder, QuerySelect, QueryTrait,
@@ -189,13 +189,10 @@ fn lease_ran_out(now: DateTime<Utc>) -> Condition {
         .add(lead::Column::LeaseUntil.lt(now))
 }
 
-/// `UPDATE leads SET state = 'routing', lease…, claim_token WHERE id =
-/// ANY(ARRAY(SELECT id FROM <candidates> FOR UPDATE SKIP LOCKED)) AND
-/// <waiting>` on PostgreSQL: `ARRAY(…)` runs the subquery once, where
-/// PostgreSQL may run an `IN (…)` subquery again for each row it joins, and
-/// each run takes a further `LIMIT` of leads (a claim of 5 took 20). SQLite
-/// runs an `IN (…)` subquery once, and has no lock clause (sea-query
-/// leaves it out).
+/// `UPDATE leads SET state = 'routing', lease…, claim_token WHERE id
+/// among (SELECT id FROM <candidates> FOR UPDATE SKIP LOCKED) AND
+/// <waiting>` (see `super::among`; SQLite has no lock clause, sea-query leaves it
+/// out).
 fn claim_statement(
     candidates: sea_orm::Select<lead::Entity>,
     waiting: Condition,
@@ -208,19 +205,12 @@ fn claim_statement(
         .column(lead::Column::Id)
         .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
         .into_query();
-    let among_candidates = if backend == DbBackend::Postgres {
-        Expr::cust_with_exprs(
-            "$1 = ANY(ARRAY($2))",
-            [
-                Expr::col((lead::Entity, lead::Column::Id)),
-                Expr::SubQuery(None, Box::new(candidates.into_sub_query_statement())),
-            ],
-        )
-    } else {
-        lead::Column::Id.in_subquery(candidates)
-    };
     held_by(lead::Entity::update_many(), holder, now)
-        .filter(among_candidates)
+        .filter(super::among(
+            Expr::col((lead::Entity, lead::Column::Id)),
+            candidates,
+            backend,
+        ))
         .filter(waiting)
 }
 
@@ -656,7 +646,11 @@ impl Store {
                     Expr::value(LeadState::Received.as_str()),
                 )
                 .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
-                .filter(lead::Column::Id.in_subquery(candidates))
+                .filter(super::among(
+                    Expr::col((lead::Entity, lead::Column::Id)),
+                    candidates,
+                    self.db.get_database_backend(),
+                ))
                 .filter(lead::Column::State.eq(LeadState::Unsold.as_str()))
                 .exec(&self.db)
                 .await?
