@@ -59,6 +59,7 @@ struct Inner {
     leads: Family<StateLabel, Gauge>,
     spool_pending: Gauge,
     intake_pending: Gauge,
+    routing_width: Gauge,
 }
 
 /// What `/metrics` reads at scrape time.
@@ -117,6 +118,12 @@ impl Default for Metrics {
             "Leads waiting for their commit (at most intake.max_pending)",
             intake_pending.clone(),
         );
+        let routing_width = Gauge::default();
+        registry.register(
+            "routing_width",
+            "Waterfalls routing may run now: fewer while intake's leads wait longer than usual for their commit",
+            routing_width.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -128,6 +135,7 @@ impl Default for Metrics {
                 leads,
                 spool_pending,
                 intake_pending,
+                routing_width,
             }),
         }
     }
@@ -139,6 +147,13 @@ impl Metrics {
         self.inner
             .intake_pending
             .set(i64::try_from(leads).unwrap_or(i64::MAX));
+    }
+
+    /// Waterfalls the router may run now.
+    pub fn routing_width(&self, waterfalls: usize) {
+        self.inner
+            .routing_width
+            .set(i64::try_from(waterfalls).unwrap_or(i64::MAX));
     }
 
     pub fn intake(&self, outcome: &str, seconds: f64) {

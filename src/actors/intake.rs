@@ -18,13 +18,14 @@
 //! leads whose write was interrupted were answered `failed` (their senders
 //! retry with the same key).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
 use super::router::RouteLeads;
 use super::supervision::{guarded, RestartLog};
+use super::yielding::IntakeDelay;
 use crate::alerts::{AlertKind, Alerts};
 use crate::domain::{Contract, LeadId, LeadState};
 use crate::spool::{Spool, SpooledLead};
@@ -68,6 +69,8 @@ pub struct SubmitLead {
 
 struct Waiting {
     lead: NewLead,
+    /// When intake was handed the lead.
+    since: Instant,
     reply: oneshot::Sender<Result<Contract, IntakeError>>,
 }
 
@@ -84,6 +87,8 @@ pub struct IntakeTargets {
     /// own are handed over by the HTTP handler, which may wait for them).
     pub couriers: super::courier::Couriers,
     pub alerts: Alerts,
+    /// How long leads wait for their commit, which routing yields to.
+    pub delay: IntakeDelay,
 }
 
 pub struct Intake {
@@ -94,6 +99,8 @@ pub struct Intake {
     /// Leads of the batch being written (0: none is); new leads wait for
     /// the next one.
     writing: usize,
+    /// When the first lead of the batch being written was handed to intake.
+    writing_since: Option<Instant>,
 }
 
 impl Intake {
@@ -104,6 +111,7 @@ impl Intake {
             restarts,
             buffer: Vec::new(),
             writing: 0,
+            writing_since: None,
         }
     }
 
@@ -111,11 +119,19 @@ impl Intake {
         self.targets
             .metrics
             .intake_pending(self.buffer.len() + self.writing);
-        if self.writing > 0 || self.buffer.is_empty() {
-            return;
+        if self.writing == 0 && !self.buffer.is_empty() {
+            self.start_batch(ctx);
         }
+        let oldest = self
+            .writing_since
+            .or_else(|| self.buffer.first().map(|waiting| waiting.since));
+        self.targets.delay.waiting_since(oldest);
+    }
+
+    fn start_batch(&mut self, ctx: &mut Context<Self>) {
         let take = self.buffer.len().min(MAX_BATCH);
         self.writing = take;
+        self.writing_since = Some(self.buffer[0].since);
         let batch: Vec<Waiting> = self.buffer.drain(..take).collect();
         let targets = self.targets.clone();
         let rules = self.rules.clone();
@@ -123,6 +139,9 @@ impl Intake {
             guarded::<Self, _>("intake", write_batch(targets, rules, batch)).map(
                 |done, actor, ctx| {
                     if done.is_some() {
+                        if let Some(since) = actor.writing_since.take() {
+                            actor.targets.delay.answered(since.elapsed());
+                        }
                         actor.writing = 0;
                         actor.write_next_batch(ctx);
                     }
@@ -146,6 +165,7 @@ impl Supervised for Intake {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
         self.restarts.restarted("intake");
         self.writing = 0;
+        self.writing_since = None;
     }
 }
 
@@ -161,6 +181,7 @@ impl Handler<SubmitLead> for Intake {
         let (reply, answer) = oneshot::channel();
         self.buffer.push(Waiting {
             lead: message.lead,
+            since: Instant::now(),
             reply,
         });
         self.write_next_batch(ctx);

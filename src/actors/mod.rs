@@ -16,6 +16,7 @@
 //!     │   │   start closure, and by reloads: client, slots, breaker, timeouts)
 //!     │   └── Waterfall × each lead being routed (temporary: never
 //!     │       restarted; a dead walk's lead is let go and swept up again)
+//!     │   (its width yields to intake's delay: yielding.rs)
 //!     ├── Intake (supervised): intake log + group commit of leads, else the spool
 //!     ├── SpoolDrainer (supervised): spooled leads into the database when it is back
 //!     └── Courier × each notify channel and event sink (supervised): plans,
@@ -34,6 +35,7 @@ pub mod router;
 pub mod supervision;
 mod walk;
 pub mod waterfall;
+mod yielding;
 
 pub use intake::{Intake, IntakeError, IntakeRules, SubmitLead};
 pub use overseer::{Overseer, Services, Tree};

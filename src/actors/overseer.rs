@@ -19,6 +19,7 @@ use super::intake::IntakeTargets;
 use super::router::Router;
 use super::supervision::RestartLog;
 use super::waterfall::RoutingContext;
+use super::yielding::IntakeDelay;
 use super::{Intake, IntakeRules};
 use crate::alerts::Alerts;
 use crate::buyer::board::Board;
@@ -75,6 +76,7 @@ impl Overseer {
         let buyer_settings: Vec<_> = settings.buyers.iter().cloned().map(Arc::new).collect();
         let faults = settings.faults.clone();
         let sweep_interval = settings.routing.sweep_interval;
+        let intake_delay = IntakeDelay::default();
         let routing = RoutingContext {
             store: store.clone(),
             directory: BuyerDirectory::default(),
@@ -108,6 +110,7 @@ impl Overseer {
             );
             let metrics = metrics.clone();
             let directory = directory.clone();
+            let intake_delay = intake_delay.clone();
             Supervisor::start(move |ctx: &mut actix::Context<Router>| {
                 let environment = BuyerEnvironment {
                     pii_fields,
@@ -143,7 +146,13 @@ impl Overseer {
                             .collect(),
                     );
                 }
-                Router::new(Arc::new(routing), sweep_interval, restarts, environment)
+                Router::new(
+                    Arc::new(routing),
+                    sweep_interval,
+                    restarts,
+                    environment,
+                    intake_delay.clone(),
+                )
             })
         };
         let rules = IntakeRules {
@@ -170,6 +179,7 @@ impl Overseer {
             alerts,
             metrics: metrics.clone(),
             couriers: couriers.clone(),
+            delay: intake_delay,
         };
         let intake = {
             let (targets, rules, restarts) = (targets.clone(), rules.clone(), restarts.clone());

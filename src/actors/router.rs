@@ -1,6 +1,7 @@
 //! `Router`: decides which leads are being routed. Queued leads are rows,
 //! not live actors: the router starts at most `MAX_ACTIVE_WATERFALLS`
-//! waterfalls, and its sweep (every `routing.sweep_interval`, and at start)
+//! waterfalls, fewer while intake's leads wait longer than usual for their
+//! commit (`yielding`: routing narrows, intake goes first), and its sweep (every `routing.sweep_interval`, and at start)
 //! picks up leads in `received` and leads whose lease ran out.
 //!
 //! Started by the `Overseer`; it starts the `Buyer` actors (the overseer's
@@ -32,6 +33,7 @@ use super::directory::BuyerHandle;
 use super::retry::{self, RetryAttempt, RetryError};
 use super::supervision::{guarded, RestartLog};
 use super::waterfall::{RoutingContext, WalkEnd, Waterfall, WaterfallFinished};
+use super::yielding::{IntakeDelay, RoutingYield, WINDOW};
 use crate::alerts::AlertKind;
 use crate::config::BuyerSettings;
 use crate::domain::{ClaimToken, LeadId, LeadState};
@@ -107,6 +109,8 @@ pub struct Router {
     answered_at: HashMap<String, chrono::DateTime<chrono::Utc>>,
     /// Told when the last waterfall ends while draining.
     drained: Vec<oneshot::Sender<()>>,
+    /// How many waterfalls may run now.
+    width: RoutingYield,
 }
 
 impl Router {
@@ -115,6 +119,7 @@ impl Router {
         sweep_interval: Duration,
         restarts: RestartLog,
         environment: BuyerEnvironment,
+        intake_delay: IntakeDelay,
     ) -> Self {
         Self {
             routing,
@@ -133,6 +138,7 @@ impl Router {
             reoffering: HashMap::new(),
             answered_at: HashMap::new(),
             drained: Vec::new(),
+            width: RoutingYield::new(intake_delay, MAX_ACTIVE_WATERFALLS),
         }
     }
 
@@ -190,14 +196,28 @@ impl Router {
 
     /// Waterfalls that may still start.
     fn room(&self) -> usize {
-        MAX_ACTIVE_WATERFALLS.saturating_sub(self.active.len() + self.claiming.len())
+        self.width
+            .width()
+            .saturating_sub(self.active.len() + self.claiming.len())
     }
 
-    /// Room enough for a claim while waterfalls run: `CLAIM_CHUNK` slots,
-    /// or all of them when fewer leads wait.
+    /// Room enough for a claim while waterfalls run: `CLAIM_CHUNK` slots
+    /// (a quarter of the width while routing yields), or all of them when
+    /// fewer leads wait.
     fn room_for(&self, waiting: usize) -> bool {
         let room = self.room();
-        room > 0 && room >= waiting.min(CLAIM_CHUNK)
+        let chunk = CLAIM_CHUNK.min(self.width.width() / 4);
+        room > 0 && room >= waiting.min(chunk)
+    }
+
+    /// Sets the width from intake's delay; when it grew, fills the room.
+    fn yield_to_intake(&mut self, ctx: &mut Context<Self>) {
+        let before = self.width.width();
+        let width = self.width.adjust(std::time::Instant::now());
+        self.environment.metrics.routing_width(width);
+        if width > before {
+            self.fill_room(ctx);
+        }
     }
 
     /// Keeps stored leads that found no room, up to `MAX_QUEUED`; the rest
@@ -395,8 +415,10 @@ impl Actor for Router {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(4096);
+        self.environment.metrics.routing_width(self.width.width());
         self.sweep(ctx);
         ctx.run_interval(self.sweep_interval, |router, ctx| router.sweep(ctx));
+        ctx.run_interval(WINDOW, |router, ctx| router.yield_to_intake(ctx));
         ctx.run_interval(self.routing.lease / 3, |router, ctx| {
             router.renew_leases(ctx)
         });

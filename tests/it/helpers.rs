@@ -352,12 +352,13 @@ where
     }
 }
 
-/// `count` valid leads, stored (in `received`).
+/// `count` valid leads of the `website` source, stored (in `received`)
+/// without the router being told: a sweep finds them.
 pub async fn stored_leads(store: &Store, count: usize) -> Vec<leadrouter::domain::LeadId> {
     let leads: Vec<leadrouter::store::NewLead> = (0..count)
         .map(|n| leadrouter::store::NewLead {
             id: leadrouter::domain::new_id(),
-            source_id: "web".into(),
+            source_id: "website".into(),
             idempotency_key: Some(format!("key-{n}")),
             external_id: None,
             raw: Vec::new(),

@@ -790,3 +790,80 @@ async fn a_backlog_found_by_a_sweep_refreshes_the_planner_statistics() {
     .await;
     crate::helpers::close_stores().await;
 }
+
+/// Routing yields to intake: while a lead waits for its commit far longer
+/// than intake's usual delay (another connection holds the intake log),
+/// the router narrows to its floor of 8 waterfalls, and a backlog the
+/// sweep finds meanwhile starts 8 walks, not 40; once intake commits
+/// again, routing widens and the rest start. (PostgreSQL: its table lock
+/// stops intake alone; SQLite's write lock would stop routing's claims too.)
+#[actix_web::test]
+async fn routing_narrows_while_intakes_leads_wait_and_widens_after() {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+
+    const FLOOR: usize = 8;
+    let buyer = TestBuyer::start(Answer::Hang, accept());
+    let config = BuyerConfig {
+        ping_timeout: Some("60s"),
+        extra: "max_concurrency = 400",
+        ..BuyerConfig::new("patient", 1)
+    }
+    .toml(&buyer.base);
+    let app = spawn_app_adjusted(Backend::Postgres, &config, |settings| {
+        settings.routing.sweep_interval = Duration::from_millis(100);
+        settings.database.acquire_timeout = Duration::from_secs(30);
+    })
+    .await;
+    let width = || async {
+        let metrics = app
+            .send(app.client.get(app.url("/metrics")), "")
+            .await
+            .text();
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("leadrouter_routing_width "))
+            .map(|value| value.trim().parse::<usize>().unwrap())
+    };
+    assert_eq!(width().await, Some(256), "full width with no intake");
+
+    let blocker = sea_orm::Database::connect(crate::helpers::database_url_of(&app).as_str())
+        .await
+        .unwrap();
+    let hold = blocker.begin().await.unwrap();
+    hold.execute_unprepared("LOCK TABLE intake_log IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let stuck = app.post_feed_lead_owned(json!({"email": "stuck@example.com", "lead_id": "stuck"}));
+    let attack = async {
+        wait_until("routing at its floor", Duration::from_secs(20), || async {
+            width().await == Some(FLOOR)
+        })
+        .await;
+        crate::helpers::stored_leads(&app.store, 40).await;
+        wait_until(
+            "the floor's walks at the buyer",
+            Duration::from_secs(20),
+            || async { buyer.calls("ping").len() >= FLOOR },
+        )
+        .await;
+        // Ten sweeps more: none may start a walk beyond the floor.
+        actix_web::rt::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(buyer.calls("ping").len(), FLOOR, "walks while intake waits");
+        assert_eq!(width().await, Some(FLOOR));
+        hold.rollback().await.unwrap();
+    };
+    let (answer, ()) = futures_util::join!(stuck, attack);
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.json()["acceptance"], "accepted");
+
+    wait_until(
+        "every lead at the buyer",
+        Duration::from_secs(20),
+        || async { buyer.calls("ping").len() == 41 },
+    )
+    .await;
+    wait_until("routing at full width", Duration::from_secs(20), || async {
+        width().await == Some(256)
+    })
+    .await;
+}

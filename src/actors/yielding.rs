@@ -1,0 +1,256 @@
+//! Routing yields the machine to intake. A sender waits for intake; a lead
+//! waiting to be sold waits for no one, so when both want the CPU and the
+//! database, intake goes first.
+//!
+//! Intake publishes how long its leads wait for their commit (`IntakeDelay`:
+//! the longest wait answered in the current window, and the age of the
+//! oldest lead still waiting). Every `WINDOW` the router's `RoutingYield`
+//! compares that delay with the lowest one seen lately (the base: what this
+//! database and machine give intake when nothing competes) and sets how
+//! many waterfalls may run, as a congestion window does (LEDBAT-like):
+//! halved, down to `FLOOR`, in a window whose delay rose more than `TARGET`
+//! above the base; grown by `STEP` in a window within it; doubled in a
+//! window without any lead. Routing never stops (the floor), and with no
+//! intake it runs at full width.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often the router sets its width again.
+pub const WINDOW: Duration = Duration::from_millis(100);
+/// Delay above the base that makes routing narrow.
+const TARGET: Duration = Duration::from_millis(10);
+/// Waterfalls routing keeps whatever intake's delay.
+const FLOOR: usize = 8;
+/// Waterfalls added after a window within the target.
+const STEP: usize = 8;
+/// How long a window's lowest delay counts toward the base.
+const BASE_HISTORY: Duration = Duration::from_secs(60);
+
+/// No lead is waiting (`oldest_waiting`), or none was answered (`longest`).
+const NONE: u64 = 0;
+
+/// Intake's delay, written by the intake actor and read by the router.
+#[derive(Clone)]
+pub struct IntakeDelay {
+    inner: Arc<Delays>,
+}
+
+struct Delays {
+    /// Instants are kept as microseconds since this one (plus one, so that
+    /// `NONE` is never a real instant).
+    epoch: Instant,
+    /// The oldest lead waiting for its commit now.
+    oldest_waiting: AtomicU64,
+    /// The longest and shortest waits answered since the router last read.
+    longest: AtomicU64,
+    shortest: AtomicU64,
+}
+
+impl Default for IntakeDelay {
+    fn default() -> Self {
+        Self {
+            inner: Arc::new(Delays {
+                epoch: Instant::now(),
+                oldest_waiting: AtomicU64::new(NONE),
+                longest: AtomicU64::new(NONE),
+                shortest: AtomicU64::new(u64::MAX),
+            }),
+        }
+    }
+}
+
+impl IntakeDelay {
+    /// The oldest lead intake holds now arrived at `since` (`None`: it holds none).
+    pub fn waiting_since(&self, since: Option<Instant>) {
+        let micros = since.map_or(NONE, |since| self.micros(since));
+        self.inner.oldest_waiting.store(micros, Ordering::Relaxed);
+    }
+
+    /// A lead was answered after waiting this long.
+    pub fn answered(&self, waited: Duration) {
+        let micros = (waited.as_micros() as u64).max(1);
+        self.inner.longest.fetch_max(micros, Ordering::Relaxed);
+        self.inner.shortest.fetch_min(micros, Ordering::Relaxed);
+    }
+
+    /// The window's delays (longest, shortest), and starts the next one;
+    /// `None` when no lead was answered or waits.
+    fn take_window(&self, now: Instant) -> Option<(Duration, Duration)> {
+        let longest = self.inner.longest.swap(NONE, Ordering::Relaxed);
+        let shortest = self.inner.shortest.swap(u64::MAX, Ordering::Relaxed);
+        let oldest = self.inner.oldest_waiting.load(Ordering::Relaxed);
+        let waiting = (oldest != NONE).then(|| self.micros(now).saturating_sub(oldest));
+        let longest = longest.max(waiting.unwrap_or(NONE));
+        if longest == NONE {
+            return None;
+        }
+        let shortest = shortest.min(waiting.unwrap_or(u64::MAX));
+        Some((
+            Duration::from_micros(longest),
+            Duration::from_micros(shortest),
+        ))
+    }
+
+    fn micros(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.inner.epoch).as_micros() as u64 + 1
+    }
+}
+
+/// How many waterfalls the router may run now.
+pub struct RoutingYield {
+    delay: IntakeDelay,
+    widest: usize,
+    width: usize,
+    /// Each window's shortest delay, for the base.
+    lows: VecDeque<(Instant, Duration)>,
+}
+
+impl RoutingYield {
+    /// Starts at full width (`widest` waterfalls).
+    pub fn new(delay: IntakeDelay, widest: usize) -> Self {
+        Self {
+            delay,
+            widest,
+            width: widest,
+            lows: VecDeque::new(),
+        }
+    }
+
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Ends a window: reads intake's delay and sets the width.
+    pub fn adjust(&mut self, now: Instant) -> usize {
+        let floor = FLOOR.min(self.widest);
+        self.width = match self.delay.take_window(now) {
+            None => self.width.saturating_mul(2),
+            Some((longest, shortest)) => {
+                self.lows.push_back((now, shortest));
+                while self
+                    .lows
+                    .front()
+                    .is_some_and(|(at, _)| now.duration_since(*at) > BASE_HISTORY)
+                {
+                    self.lows.pop_front();
+                }
+                let base = self
+                    .lows
+                    .iter()
+                    .map(|(_, low)| *low)
+                    .min()
+                    .unwrap_or(shortest);
+                if longest > base + TARGET {
+                    self.width / 2
+                } else {
+                    self.width + STEP
+                }
+            }
+        }
+        .clamp(floor, self.widest);
+        self.width
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(millis: u64) -> Duration {
+        Duration::from_millis(millis)
+    }
+
+    #[test]
+    fn a_delay_over_the_target_halves_routing_down_to_the_floor() {
+        let delay = IntakeDelay::default();
+        let mut routing = RoutingYield::new(delay.clone(), 256);
+        let start = Instant::now();
+        delay.answered(ms(2));
+        assert_eq!(
+            routing.adjust(start),
+            256,
+            "within the target at full width"
+        );
+        for (window, expected) in [128, 64, 32, 16, 8, 8].into_iter().enumerate() {
+            delay.answered(ms(2));
+            delay.answered(ms(2) + TARGET + ms(1));
+            assert_eq!(
+                routing.adjust(start + WINDOW * (window as u32 + 1)),
+                expected
+            );
+        }
+    }
+
+    #[test]
+    fn routing_widens_step_by_step_within_the_target_and_doubles_without_intake() {
+        let delay = IntakeDelay::default();
+        let mut routing = RoutingYield::new(delay.clone(), 256);
+        let start = Instant::now();
+        delay.answered(ms(3));
+        routing.adjust(start);
+        delay.answered(ms(40));
+        delay.waiting_since(None);
+        assert_eq!(routing.adjust(start + WINDOW), 128);
+        delay.answered(ms(3) + TARGET);
+        assert_eq!(
+            routing.adjust(start + WINDOW * 2),
+            128 + STEP,
+            "at the target is within it"
+        );
+        assert_eq!(
+            routing.adjust(start + WINDOW * 3),
+            256,
+            "no lead: doubled, at most the widest"
+        );
+    }
+
+    #[test]
+    fn a_lead_still_waiting_counts_before_it_is_answered() {
+        let delay = IntakeDelay::default();
+        let mut routing = RoutingYield::new(delay.clone(), 64);
+        let start = Instant::now();
+        delay.answered(ms(1));
+        routing.adjust(start);
+        delay.waiting_since(Some(start));
+        assert_eq!(
+            routing.adjust(start + ms(5)),
+            64,
+            "waiting 5 ms: within the target"
+        );
+        assert_eq!(
+            routing.adjust(start + ms(50)),
+            32,
+            "waiting 50 ms, nothing answered"
+        );
+        delay.waiting_since(None);
+        assert_eq!(
+            routing.adjust(start + ms(150)),
+            64,
+            "none waits: no lead in the window"
+        );
+    }
+
+    #[test]
+    fn the_base_is_the_lowest_delay_of_the_last_minute() {
+        let delay = IntakeDelay::default();
+        let mut routing = RoutingYield::new(delay.clone(), 256);
+        let start = Instant::now();
+        delay.answered(ms(1));
+        routing.adjust(start);
+        // A slower database from now on: 30 ms is 29 over the base of 1 ms.
+        delay.answered(ms(30));
+        assert_eq!(routing.adjust(start + ms(100)), 128);
+        // A minute later the 1 ms is forgotten: 30 ms is the base, and
+        // 35 ms within the target again.
+        delay.answered(ms(30));
+        routing.adjust(start + BASE_HISTORY + ms(50));
+        delay.answered(ms(35));
+        assert_eq!(
+            routing.adjust(start + BASE_HISTORY + ms(150)),
+            128 + STEP + STEP
+        );
+    }
+}
