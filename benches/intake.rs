@@ -5,7 +5,8 @@
 //! Per database: the raw rate (autocommit INSERTs of a lead-shaped row, one
 //! connection per client on PostgreSQL, the one writer on SQLite); intake in
 //! a closed loop (leads/s, p50/p99, CPU per lead in the service, in
-//! PostgreSQL and on the whole machine); intake at a fixed rate alone; the
+//! PostgreSQL and on the whole machine); intake at a fixed rate alone (once
+//! the closed loop's leads are routed); the
 //! same fixed rate while a second service routes every lead to three mock
 //! buyers and pollers read `/v1/status`; for both fixed-rate phases also
 //! the p99 inside the service (its `leadrouter_intake_seconds` histogram:
@@ -101,6 +102,19 @@ fn run(backend: Backend, bench: &Settings) {
         cpu.per_lead(&service, closed.acknowledged)
     );
 
+    // Alone means alone: the closed loop's leads are routed first (no
+    // buyers here: each ends unsold), or their routing would share the
+    // machine with the fixed rate.
+    let waited = Instant::now();
+    System::new().block_on(async {
+        while count_leads_where(&database.url, "state IN ('received', 'routing')").await > 0 {
+            actix_web::rt::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    println!(
+        "                            (its leads routed, to unsold, {:.1} s after it ended)",
+        waited.elapsed().as_secs_f64()
+    );
     let histogram = System::new().block_on(intake_histogram(&service.base()));
     let alone = System::new()
         .block_on(fixed_rate(
@@ -351,11 +365,15 @@ async fn raw_insert_rate(backend: Backend, bench: &Settings) -> (f64, usize) {
 }
 
 async fn count_leads(url: &str) -> u64 {
+    count_leads_where(url, "TRUE").await
+}
+
+async fn count_leads_where(url: &str, condition: &str) -> u64 {
     let db = Database::connect(url).await.unwrap();
     let row = db
         .query_one_raw(Statement::from_string(
             db.get_database_backend(),
-            "SELECT COUNT(*) AS n FROM leads",
+            format!("SELECT COUNT(*) AS n FROM leads WHERE {condition}"),
         ))
         .await
         .unwrap()

@@ -1,7 +1,8 @@
 //! Metrics for `GET /metrics` (OpenMetrics text, which Prometheus reads):
 //! intake by outcome and its latency histogram, attempts by buyer, kind and
-//! outcome, circuit transitions, and, read at scrape time, each buyer's
-//! circuit state, leads by state and the spool backlog. Labels carry ids and
+//! outcome, circuit transitions, intake's waiting leads, routing's width
+//! (see `actors::yielding`), and, read at scrape time, each buyer's circuit
+//! state, leads by state and the spool backlog. Labels carry ids and
 //! outcomes only, never personal data.
 
 use std::sync::Arc;
