@@ -202,11 +202,10 @@ impl Router {
     }
 
     /// Room enough for a claim while waterfalls run: `CLAIM_CHUNK` slots
-    /// (a quarter of the width while routing yields), or all of them when
-    /// fewer leads wait.
+    /// (the whole width, if narrower), or all of them when fewer leads wait.
     fn room_for(&self, waiting: usize) -> bool {
         let room = self.room();
-        let chunk = CLAIM_CHUNK.min(self.width.width() / 4);
+        let chunk = CLAIM_CHUNK.min(self.width.width());
         room > 0 && room >= waiting.min(chunk)
     }
 

@@ -22,8 +22,12 @@ use std::time::{Duration, Instant};
 pub const WINDOW: Duration = Duration::from_millis(100);
 /// Delay above the base that makes routing narrow.
 const TARGET: Duration = Duration::from_millis(10);
-/// Waterfalls routing keeps whatever intake's delay.
-const FLOOR: usize = 8;
+/// Waterfalls routing keeps whatever intake's delay: a claim's worth (a
+/// narrower router claims in smaller groups, and its many small writes
+/// cost intake more than the walks they hold back: with a floor of 8 the
+/// intake bench's closed loop on SQLite, whose leads are routed meanwhile,
+/// ran 2-3x slower).
+const FLOOR: usize = 32;
 /// Waterfalls added after a window within the target.
 const STEP: usize = 8;
 /// How long a window's lowest delay counts toward the base.
@@ -174,7 +178,7 @@ mod tests {
             256,
             "within the target at full width"
         );
-        for (window, expected) in [128, 64, 32, 16, 8, 8].into_iter().enumerate() {
+        for (window, expected) in [128, 64, 32, 32].into_iter().enumerate() {
             delay.answered(ms(2));
             delay.answered(ms(2) + TARGET + ms(1));
             assert_eq!(

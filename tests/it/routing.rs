@@ -793,15 +793,15 @@ async fn a_backlog_found_by_a_sweep_refreshes_the_planner_statistics() {
 
 /// Routing yields to intake: while a lead waits for its commit far longer
 /// than intake's usual delay (another connection holds the intake log),
-/// the router narrows to its floor of 8 waterfalls, and a backlog the
-/// sweep finds meanwhile starts 8 walks, not 40; once intake commits
+/// the router narrows to its floor of 32 waterfalls, and a backlog the
+/// sweep finds meanwhile starts 32 walks, not 80; once intake commits
 /// again, routing widens and the rest start. (PostgreSQL: its table lock
 /// stops intake alone; SQLite's write lock would stop routing's claims too.)
 #[actix_web::test]
 async fn routing_narrows_while_intakes_leads_wait_and_widens_after() {
     use sea_orm::{ConnectionTrait, TransactionTrait};
 
-    const FLOOR: usize = 8;
+    const FLOOR: usize = 32;
     let buyer = TestBuyer::start(Answer::Hang, accept());
     let config = BuyerConfig {
         ping_timeout: Some("60s"),
@@ -839,7 +839,7 @@ async fn routing_narrows_while_intakes_leads_wait_and_widens_after() {
             width().await == Some(FLOOR)
         })
         .await;
-        crate::helpers::stored_leads(&app.store, 40).await;
+        crate::helpers::stored_leads(&app.store, 80).await;
         wait_until(
             "the floor's walks at the buyer",
             Duration::from_secs(20),
@@ -859,7 +859,7 @@ async fn routing_narrows_while_intakes_leads_wait_and_widens_after() {
     wait_until(
         "every lead at the buyer",
         Duration::from_secs(20),
-        || async { buyer.calls("ping").len() == 41 },
+        || async { buyer.calls("ping").len() == 81 },
     )
     .await;
     wait_until("routing at full width", Duration::from_secs(20), || async {
