@@ -80,22 +80,25 @@ impl IntakeDelay {
         self.inner.shortest.fetch_min(micros, Ordering::Relaxed);
     }
 
-    /// The window's delays (longest, shortest), and starts the next one;
+    /// The window's longest delay (answered, or of the lead still
+    /// waiting) and shortest answered one, and starts the next window;
     /// `None` when no lead was answered or waits.
-    fn take_window(&self, now: Instant) -> Option<(Duration, Duration)> {
+    fn take_window(&self, now: Instant) -> Option<(Duration, Option<Duration>)> {
         let longest = self.inner.longest.swap(NONE, Ordering::Relaxed);
         let shortest = self.inner.shortest.swap(u64::MAX, Ordering::Relaxed);
         let oldest = self.inner.oldest_waiting.load(Ordering::Relaxed);
-        let waiting = (oldest != NONE).then(|| self.micros(now).saturating_sub(oldest));
-        let longest = longest.max(waiting.unwrap_or(NONE));
-        if longest == NONE {
-            return None;
-        }
-        let shortest = shortest.min(waiting.unwrap_or(u64::MAX));
-        Some((
-            Duration::from_micros(longest),
-            Duration::from_micros(shortest),
-        ))
+        let waiting = if oldest == NONE {
+            NONE
+        } else {
+            self.micros(now).saturating_sub(oldest)
+        };
+        let longest = longest.max(waiting);
+        (longest != NONE).then(|| {
+            (
+                Duration::from_micros(longest),
+                (shortest != u64::MAX).then(|| Duration::from_micros(shortest)),
+            )
+        })
     }
 
     fn micros(&self, at: Instant) -> u64 {
@@ -133,7 +136,7 @@ impl RoutingYield {
         self.width = match self.delay.take_window(now) {
             None => self.width.saturating_mul(2),
             Some((longest, shortest)) => {
-                self.lows.push_back((now, shortest));
+                self.lows.extend(shortest.map(|low| (now, low)));
                 while self
                     .lows
                     .front()
@@ -141,12 +144,9 @@ impl RoutingYield {
                 {
                     self.lows.pop_front();
                 }
-                let base = self
-                    .lows
-                    .iter()
-                    .map(|(_, low)| *low)
-                    .min()
-                    .unwrap_or(shortest);
+                // No lead answered lately: any wait counts as delay.
+                let base = self.lows.iter().map(|(_, low)| *low).min();
+                let base = base.unwrap_or(Duration::ZERO);
                 if longest > base + TARGET {
                     self.width / 2
                 } else {
@@ -235,6 +235,16 @@ mod tests {
             64,
             "none waits: no lead in the window"
         );
+    }
+
+    #[test]
+    fn the_first_lead_stuck_narrows_routing_before_any_was_answered() {
+        let delay = IntakeDelay::default();
+        let mut routing = RoutingYield::new(delay.clone(), 256);
+        let start = Instant::now();
+        delay.waiting_since(Some(start));
+        assert_eq!(routing.adjust(start + ms(50)), 128);
+        assert_eq!(routing.adjust(start + ms(150)), 64);
     }
 
     #[test]
