@@ -157,6 +157,11 @@ impl Metrics {
             .set(i64::try_from(waterfalls).unwrap_or(i64::MAX));
     }
 
+    /// The width last set (`routing_width`).
+    pub fn routing_width_now(&self) -> u64 {
+        u64::try_from(self.inner.routing_width.get()).unwrap_or(0)
+    }
+
     pub fn intake(&self, outcome: &str, seconds: f64) {
         self.inner
             .intake

@@ -40,7 +40,7 @@ use crate::domain::{ClaimToken, LeadId, LeadState};
 use crate::store::{Claimed, HeldLead, LeadEnd};
 
 /// Waterfalls running at once in one instance.
-const MAX_ACTIVE_WATERFALLS: usize = 256;
+pub const MAX_ACTIVE_WATERFALLS: usize = 256;
 /// Stored leads that found no room, kept by id for a claim by id (a
 /// primary-key lookup) at most; beyond it they are left to the sweep.
 const MAX_QUEUED: usize = 8192;

@@ -1,5 +1,5 @@
-//! `GET /v1/status`: every buyer (as `/v1/buyers`), lead counts by state and
-//! the spool backlog; and `GET /metrics`. Public unless
+//! `GET /v1/status`: every buyer (as `/v1/buyers`), lead counts by state,
+//! the spool backlog and routing's width; and `GET /metrics`. Public unless
 //! `server.status_public = false`; they hold no personal data. While the
 //! database is down they still answer, with the buyers' live state and the
 //! spool (and `leads: null`).
@@ -16,6 +16,7 @@ use super::figures::Figures;
 use super::report::start_of_day;
 use super::{Admin, ApiError, AppState};
 use crate::actors::courier::ChannelHealth;
+use crate::actors::router::MAX_ACTIVE_WATERFALLS;
 use crate::domain::LeadState;
 use crate::metrics::Snapshot;
 use crate::store::Money;
@@ -37,6 +38,14 @@ pub struct Backlog {
     pending: u64,
 }
 
+/// How many waterfalls routing may run now (`widest` when intake's leads
+/// commit as fast as usual; down to 32 while routing yields to intake).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RoutingWidth {
+    width: u64,
+    widest: u64,
+}
+
 /// `GET /v1/status`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct StatusView {
@@ -55,6 +64,8 @@ pub struct StatusView {
     review: Option<Backlog>,
     /// Leads in the spool, waiting for the database.
     spool: Backlog,
+    /// Routing's width: narrower while it yields to intake.
+    routing: RoutingWidth,
     /// `ok` or `unreachable`.
     database: String,
     /// Sales made today (UTC) and not returned: revenue, payout, margin.
@@ -122,6 +133,10 @@ async fn build(request: &HttpRequest, state: &AppState) -> StatusView {
         review,
         spool: Backlog {
             pending: state.tree.spool.pending() as u64,
+        },
+        routing: RoutingWidth {
+            width: state.metrics.routing_width_now(),
+            widest: MAX_ACTIVE_WATERFALLS as u64,
         },
         database: database.into(),
         today,

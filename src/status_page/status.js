@@ -58,6 +58,10 @@ function draw(status) {
   }
   document.getElementById("review-size").textContent = status.review ? String(status.review.pending) : "–";
   document.getElementById("spool-size").textContent = String(status.spool.pending);
+  const routing = status.routing;
+  document.getElementById("routing-width").textContent = routing.width < routing.widest
+    ? `${routing.width} of ${routing.widest} waterfalls (yielding to intake)`
+    : `${routing.width} waterfalls`;
   document.getElementById("database").textContent = status.database;
   for (const figure of ["revenue", "payout", "margin"]) {
     document.getElementById(figure).textContent = status.today ? status.today[figure].toFixed(2) : "–";

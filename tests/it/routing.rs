@@ -850,6 +850,11 @@ async fn routing_narrows_while_intakes_leads_wait_and_widens_after() {
         actix_web::rt::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(buyer.calls("ping").len(), FLOOR, "walks while intake waits");
         assert_eq!(width().await, Some(FLOOR));
+        let status = app
+            .send(app.client.get(app.url("/v1/status")), "")
+            .await
+            .json();
+        assert_eq!(status["routing"]["width"], FLOOR, "{status}");
         hold.rollback().await.unwrap();
     };
     let (answer, ()) = futures_util::join!(stuck, attack);

@@ -38,6 +38,9 @@ async fn status_and_metrics_report_buyers_leads_and_the_spool(backend: Backend) 
     assert_eq!(status["leads"]["invalid"], 1);
     assert_eq!(status["review"]["pending"], 1);
     assert_eq!(status["spool"]["pending"], 0);
+    assert_eq!(status["routing"]["widest"], 256);
+    let width = status["routing"]["width"].as_u64().unwrap();
+    assert!((32..=256).contains(&width), "{status}");
     let acme = &status["buyers"][0];
     assert_eq!(acme["circuit"], "closed");
     assert_eq!(acme["sold_today"], 1);
