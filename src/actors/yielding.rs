@@ -167,11 +167,16 @@ mod tests {
         Duration::from_millis(millis)
     }
 
+    /// Intake's delay, a router's width over it (up to `widest`), and now.
+    fn yielding(widest: usize) -> (IntakeDelay, RoutingYield, Instant) {
+        let delay = IntakeDelay::default();
+        let routing = RoutingYield::new(delay.clone(), widest);
+        (delay, routing, Instant::now())
+    }
+
     #[test]
     fn a_delay_over_the_target_halves_routing_down_to_the_floor() {
-        let delay = IntakeDelay::default();
-        let mut routing = RoutingYield::new(delay.clone(), 256);
-        let start = Instant::now();
+        let (delay, mut routing, start) = yielding(256);
         delay.answered(ms(2));
         assert_eq!(
             routing.adjust(start),
@@ -190,9 +195,7 @@ mod tests {
 
     #[test]
     fn routing_widens_step_by_step_within_the_target_and_doubles_without_intake() {
-        let delay = IntakeDelay::default();
-        let mut routing = RoutingYield::new(delay.clone(), 256);
-        let start = Instant::now();
+        let (delay, mut routing, start) = yielding(256);
         delay.answered(ms(3));
         routing.adjust(start);
         delay.answered(ms(40));
@@ -213,9 +216,7 @@ mod tests {
 
     #[test]
     fn a_lead_still_waiting_counts_before_it_is_answered() {
-        let delay = IntakeDelay::default();
-        let mut routing = RoutingYield::new(delay.clone(), 64);
-        let start = Instant::now();
+        let (delay, mut routing, start) = yielding(64);
         delay.answered(ms(1));
         routing.adjust(start);
         delay.waiting_since(Some(start));
@@ -239,9 +240,7 @@ mod tests {
 
     #[test]
     fn the_first_lead_stuck_narrows_routing_before_any_was_answered() {
-        let delay = IntakeDelay::default();
-        let mut routing = RoutingYield::new(delay.clone(), 256);
-        let start = Instant::now();
+        let (delay, mut routing, start) = yielding(256);
         delay.waiting_since(Some(start));
         assert_eq!(routing.adjust(start + ms(50)), 128);
         assert_eq!(routing.adjust(start + ms(150)), 64);
@@ -249,9 +248,7 @@ mod tests {
 
     #[test]
     fn the_base_is_the_lowest_delay_of_the_last_minute() {
-        let delay = IntakeDelay::default();
-        let mut routing = RoutingYield::new(delay.clone(), 256);
-        let start = Instant::now();
+        let (delay, mut routing, start) = yielding(256);
         delay.answered(ms(1));
         routing.adjust(start);
         // A slower database from now on: 30 ms is 29 over the base of 1 ms.
