@@ -1,8 +1,9 @@
 //! `Router`: decides which leads are being routed. Queued leads are rows,
 //! not live actors: the router starts at most `MAX_ACTIVE_WATERFALLS`
 //! waterfalls, fewer while intake's leads wait longer than usual for their
-//! commit (`yielding`: routing narrows, intake goes first), and its sweep (every `routing.sweep_interval`, and at start)
-//! picks up leads in `received` and leads whose lease ran out.
+//! commit (`yielding`: routing narrows, intake goes first), and its sweep
+//! (every `routing.sweep_interval`, and at start) picks up leads in
+//! `received` and leads whose lease ran out.
 //!
 //! Started by the `Overseer`; it starts the `Buyer` actors (the overseer's
 //! closure does, once). Handles `RouteLeads` (from intake),
