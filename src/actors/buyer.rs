@@ -30,7 +30,7 @@ use crate::buyer::slots::{Slot, Slots};
 use crate::config::{BuyerSettings, PayoutRule};
 use crate::domain::{AttemptKind, CallKind, CallOutcome, ClaimToken, LeadId, SkipReason};
 use crate::metrics::Metrics;
-use crate::store::{CapSlot, NewAttempt, Store, Written};
+use crate::store::{CapSlot, NewAttempt, Store, Unwritten, Written};
 
 /// Idle connections are dropped before common server keep-alives (5 s)
 /// would close them under us: a post on a dead pooled connection would
@@ -57,6 +57,12 @@ pub struct OfferLead {
     /// An operator's retry: the attempt replayed, with the settings its
     /// snapshot froze (used instead of the buyer's current ones).
     pub retry: Option<Retry>,
+    /// The walk's previous ping's answer, written in this offer's row's
+    /// commit (its call's, or its skip's).
+    pub answered: Option<Unwritten>,
+    /// A ping's answer is handed back unwritten (`CallReport::unwritten`),
+    /// for the walk's next row.
+    pub hold_answer: bool,
 }
 
 #[derive(Clone)]
@@ -231,6 +237,7 @@ impl Buyer {
             instance_id: offer.instance_id.to_string(),
             claim_token: offer.claim_token.clone(),
             caps: Vec::new(),
+            answered: offer.answered.clone(),
         }
     }
 
@@ -288,6 +295,7 @@ impl Buyer {
             client,
             slot,
             inject_panic,
+            hold_answer: offer.hold_answer,
         })
     }
 

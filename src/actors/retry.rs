@@ -195,6 +195,8 @@ pub async fn replay(routing: &RoutingContext, held: Held) -> Result<attempt::Mod
                 of: held.original.id.clone(),
                 settings: Arc::new(held.settings),
             }),
+            answered: None,
+            hold_answer: false,
         })
         .await;
     let (end, failure) = match &offered {

@@ -4,6 +4,9 @@
 //! `auction.rs`. Every row a walk writes carries its claim token; the
 //! buyers' skips and calls, the post (whose sale the buyer actor commits
 //! with its answer), the end of an unsold walk and its alert are here.
+//! A waterfall ping's answer is held until the walk's next row, which
+//! writes it in its own commit (one commit wait per call, not two); a walk
+//! that has no next row writes it on its own before it ends.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -17,14 +20,14 @@ use super::buyer::OfferLead;
 use super::directory::BuyerHandle;
 use super::waterfall::{RouteError, RoutingContext, WalkEnd};
 use crate::alerts::AlertKind;
-use crate::buyer::recorded_call::Offered;
+use crate::buyer::recorded_call::{CallReport, Offered};
 use crate::buyer::request::{LeadOffer, PingResult};
 use crate::buyer::schedule::takes_leads;
 use crate::config::{BuyerSettings, PayoutRule};
 use crate::domain::{
     AttemptKind, CallKind, CallOutcome, ClaimToken, LeadId, LeadState, SkipReason,
 };
-use crate::store::{CapSlot, LeadEnd, NewAttempt, Written};
+use crate::store::{CapSlot, LeadEnd, NewAttempt, Unwritten, Written};
 
 /// A lead being offered under one claim.
 pub(super) struct Walk<'a> {
@@ -35,6 +38,8 @@ pub(super) struct Walk<'a> {
     /// What the lead's source is paid if it sells (read once per walk).
     payout: PayoutRule,
     tally: Tally,
+    /// The last ping's answer, until a row's commit brings it.
+    unwritten: Option<Unwritten>,
 }
 
 impl<'a> Walk<'a> {
@@ -50,13 +55,37 @@ impl<'a> Walk<'a> {
             offer: Arc::new(LeadOffer::of(row)),
             payout: routing.settings.current().payout_rule(&row.source_id),
             tally: Tally::default(),
+            unwritten: None,
         }
     }
 
     /// The waterfall: buyers by priority, each pinged (if it has a ping)
-    /// and posted, until the first accepted post.
+    /// and posted, until the first accepted post; then the last ping's
+    /// answer, if no row brought it.
     pub(super) async fn waterfall(
         mut self,
+        finished: &HashSet<String>,
+    ) -> Result<WalkEnd, RouteError> {
+        let end = self.walk_by_priority(finished).await;
+        let Some(unwritten) = self.unwritten.take() else {
+            return end;
+        };
+        let store = &self.routing.store;
+        // Written only onto a row still `in_flight`: one a row did bring
+        // (its commit unconfirmed) is not written twice.
+        match store
+            .finish_attempt(&unwritten.attempt_id, unwritten.end, Vec::new())
+            .await
+        {
+            Ok(_) => end,
+            // As when an answer cannot be written at once: the lead is
+            // routed again, and its ping then settled as interrupted.
+            Err(error) => end.and(Err(RouteError::Database(error))),
+        }
+    }
+
+    async fn walk_by_priority(
+        &mut self,
         finished: &HashSet<String>,
     ) -> Result<WalkEnd, RouteError> {
         let buyers = self.routing.directory.all();
@@ -96,7 +125,7 @@ impl<'a> Walk<'a> {
 
     /// A skip row (its outcome the reason), while the claim holds.
     pub(super) async fn skip(
-        &self,
+        &mut self,
         settings: &BuyerSettings,
         reason: SkipReason,
     ) -> Result<(), RouteError> {
@@ -110,8 +139,11 @@ impl<'a> Walk<'a> {
             instance_id: self.routing.instance_id.to_string(),
             claim_token: self.token.clone(),
             caps: Vec::new(),
+            answered: self.unwritten.clone(),
         };
-        match self.routing.store.record_skip(attempt, reason).await? {
+        let written = self.routing.store.record_skip(attempt, reason).await?;
+        self.unwritten = None;
+        match written {
             Written::Fenced => Err(RouteError::ClaimLost),
             _ => Ok(()),
         }
@@ -120,7 +152,7 @@ impl<'a> Walk<'a> {
     /// Whether the buyer may be offered the lead: not a test lead it does
     /// not take, its filters pass, it is open, its caps are not full;
     /// otherwise the skip is written and false answered.
-    pub(super) async fn eligible(&self, settings: &BuyerSettings) -> Result<bool, RouteError> {
+    pub(super) async fn eligible(&mut self, settings: &BuyerSettings) -> Result<bool, RouteError> {
         let caps = CapSlot::for_post(settings, Utc::now());
         let reason = if self.row.is_test && !settings.accept_test_leads {
             SkipReason::TestLead
@@ -157,6 +189,8 @@ impl<'a> Walk<'a> {
             claim_token: self.token.clone(),
             payout: self.payout,
             retry: None,
+            answered: None,
+            hold_answer: false,
         }
     }
 
@@ -174,14 +208,31 @@ impl<'a> Walk<'a> {
         self.tally.failed = true;
     }
 
-    /// One call through the buyer's actor.
+    /// One call through the buyer's actor, one at a time: it brings the
+    /// last ping's answer into its row's commit, and a ping's own answer
+    /// comes back unwritten, for the next row.
     async fn call(
         &mut self,
         buyer: &BuyerHandle,
         kind: CallKind,
         ping: PingResult,
     ) -> Result<Offered, RouteError> {
-        let offered = buyer.addr.send(self.offer(kind, ping)).await?;
+        let offer = OfferLead {
+            answered: self.unwritten.clone(),
+            hold_answer: kind == CallKind::Ping,
+            ..self.offer(kind, ping)
+        };
+        let offered = buyer.addr.send(offer).await?;
+        if row_committed(&offered) {
+            self.unwritten = None;
+        }
+        if let Offered::Called(CallReport {
+            unwritten: Some(unwritten),
+            ..
+        }) = &offered
+        {
+            self.unwritten = Some(unwritten.clone());
+        }
         self.note(offered)
     }
 
@@ -244,6 +295,20 @@ impl<'a> Walk<'a> {
         }
         Ok(())
     }
+}
+
+/// Whether the offer's row was committed, and with it the answer it
+/// brought. A buyer's own skip (circuit, load) may have failed to write:
+/// its answer is brought again by the next row (a no-op if it was written).
+fn row_committed(offered: &Offered) -> bool {
+    matches!(
+        offered,
+        Offered::Called(_)
+            | Offered::Sold(_)
+            | Offered::Unrecorded(_)
+            | Offered::Fenced
+            | Offered::Skipped(SkipReason::Capped)
+    )
 }
 
 /// What the buyers offered a lead made of it, for the "every buyer failed" alert.

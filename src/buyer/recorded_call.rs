@@ -4,7 +4,9 @@
 //! onto the row, and for an accepted post its sale in the same commit (the
 //! one door for a sale, used by waterfalls and retries alike). An answer
 //! that cannot be written is reported as such: the walk must stop, since
-//! the call's fate is then only in the buyer's hands.
+//! the call's fate is then only in the buyer's hands. A waterfall's ping
+//! answer is instead handed back unwritten, for the walk's next row to
+//! bring into its commit (`store::Unwritten`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +18,7 @@ use super::slots::Slot;
 use crate::config::{BuyerSettings, PayoutRule};
 use crate::domain::{AttemptKind, CallKind, CallOutcome, SkipReason};
 use crate::metrics::Metrics;
-use crate::store::{AttemptEnd, Begun, CapSlot, NewAttempt, SaleOf, Store, Written};
+use crate::store::{AttemptEnd, Begun, CapSlot, NewAttempt, SaleOf, Store, Unwritten, Written};
 
 /// What became of an offer.
 #[derive(Debug, Clone)]
@@ -45,6 +47,8 @@ pub struct CallReport {
     pub bid: Option<f64>,
     pub ping_id: Option<String>,
     pub took: Duration,
+    /// The answer, when the plan held it back (`CallPlan::hold_answer`).
+    pub unwritten: Option<Unwritten>,
 }
 
 /// Everything one call needs, prepared by the buyer actor.
@@ -64,6 +68,8 @@ pub struct CallPlan {
     pub slot: Slot,
     /// Fault injection for supervision tests: panic after the row is written.
     pub inject_panic: bool,
+    /// A ping's answer is handed back unwritten, for the walk's next row.
+    pub hold_answer: bool,
 }
 
 /// The call: attempt row first, then the request, then the row's end.
@@ -80,6 +86,7 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
         client,
         slot,
         inject_panic,
+        hold_answer,
     } = plan;
     let lead_id = attempt.lead_id.clone();
     if kind == CallKind::Post {
@@ -117,7 +124,7 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
             "buyer answered"
         )
     });
-    let report = report_of(&settings, kind, attempt_id, &answer);
+    let mut report = report_of(&settings, kind, attempt_id, &answer);
     let end = AttemptEnd {
         outcome: answer.outcome,
         reason: answer.detail.clone(),
@@ -137,6 +144,11 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
                 payout: payout.amount(price),
             };
             return sell(&store, report, end, sale).await;
+        }
+        (CallKind::Ping, _) if hold_answer => {
+            let attempt_id = report.attempt_id.clone();
+            report.unwritten = Some(Unwritten { attempt_id, end });
+            return Offered::Called(report);
         }
         // A post that cannot have sold gives its cap slots back.
         (CallKind::Post, CallOutcome::Rejected | CallOutcome::Error) => {
@@ -224,5 +236,6 @@ fn report_of(
         bid,
         ping_id,
         took: answer.duration,
+        unwritten: None,
     }
 }

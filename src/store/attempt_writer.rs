@@ -9,7 +9,9 @@
 //! Each write carries its own conditions, checked inside the commit: a new
 //! row only while its lead's claim (token, unexpired lease) holds, a post
 //! only with its cap slots reserved, an answer only onto a row still
-//! `in_flight`, a sale together with its accepted post.
+//! `in_flight`, a sale together with its accepted post. A new row may bring
+//! the walk's previous ping's answer (`Unwritten`): written first, in the
+//! same commit.
 
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
@@ -31,7 +33,7 @@ use entity::{attempt, lead, sale};
 
 use super::caps::{self, CapSlot};
 use super::intake_first::{IntakeFirst, LONGEST_YIELD};
-use super::AttemptEnd;
+use super::{AttemptEnd, Unwritten};
 use crate::domain::{AttemptKind, AttemptOutcome, ClaimToken, LeadId, LeadState, SkipReason};
 
 /// Most writes in one transaction.
@@ -48,11 +50,14 @@ pub struct Fence {
 pub(super) enum AttemptWrite {
     /// A new row (a call about to be made, or a skip), written only while
     /// `fence` holds; a post's `caps` are reserved with it, else the row is
-    /// written as a `capped` skip instead.
+    /// written as a `capped` skip instead. `answered`, the walk's previous
+    /// ping's answer, is written onto its row whatever becomes of this one
+    /// (the row's result is its own).
     Insert {
         row: Box<attempt::ActiveModel>,
         fence: Fence,
         caps: Vec<CapSlot>,
+        answered: Option<Unwritten>,
     },
     /// A call's answer onto its `in_flight` row; `release` gives back the
     /// cap slots of a post that cannot have sold.
@@ -242,7 +247,8 @@ async fn apply(txn: &DatabaseTransaction, writes: &[AttemptWrite]) -> Result<Vec
     Ok(results)
 }
 
-/// The answers, each onto its row if still `in_flight` (else `Stale`).
+/// The answers, each onto its row if still `in_flight` (else `Stale`),
+/// with the pings' answers new rows bring (whose rows' results are their own).
 async fn answer(
     txn: &DatabaseTransaction,
     writes: &[AttemptWrite],
@@ -258,7 +264,15 @@ async fn answer(
             AttemptWrite::Insert { .. } => None,
         })
         .collect();
-    let finished = finish(txn, answers.iter().map(|&(_, id, end)| (id, end))).await?;
+    let brought = writes.iter().filter_map(|write| match write {
+        AttemptWrite::Insert {
+            answered: Some(answered),
+            ..
+        } => Some((answered.attempt_id.as_str(), &answered.end)),
+        _ => None,
+    });
+    let all = answers.iter().map(|&(_, id, end)| (id, end)).chain(brought);
+    let finished = finish(txn, all).await?;
     for &(index, id, _) in &answers {
         if !finished.contains(id) {
             results[index] = Written::Stale;

@@ -36,7 +36,7 @@ pub use operations::{OperationError, Settlement};
 pub use report::{Money, ReportBy, ReportRow};
 pub use routing::{
     AttemptEnd, Begun, Claimed, ClaimedLead, FailurePolicy, HeldLead, LeadEnd, NewAttempt,
-    OutcomeCounts, SaleOf,
+    OutcomeCounts, SaleOf, Unwritten,
 };
 
 use crate::config::DatabaseSettings;

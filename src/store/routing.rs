@@ -43,6 +43,23 @@ pub struct NewAttempt {
     pub claim_token: ClaimToken,
     /// For a post: the cap slots it takes (see `store::caps`).
     pub caps: Vec<CapSlot>,
+    /// The walk's previous call's answer, not yet written: it goes in the
+    /// same commit as this row (see `Unwritten`).
+    pub answered: Option<Unwritten>,
+}
+
+/// A waterfall ping's answer held back to share the commit of the walk's
+/// next row (a post, a ping, a skip), which spares one commit wait per
+/// call. Safe to hold for a ping only: until it is written the row stays
+/// `in_flight`, and recovery settles an interrupted ping as an `error`
+/// after which the walk goes on (an unwritten post's answer would make its
+/// lead `unknown`). Written onto its row only while the row is still
+/// `in_flight`, so writing it twice is harmless; the walk writes it on its
+/// own when no row follows.
+#[derive(Debug, Clone)]
+pub struct Unwritten {
+    pub attempt_id: String,
+    pub end: AttemptEnd,
 }
 
 /// How a call ended.
@@ -670,7 +687,7 @@ impl Store {
     /// the lead's claim holds and (a post) with its cap slots reserved.
     pub async fn begin_attempt(&self, new: NewAttempt) -> Result<Begun, DbErr> {
         let id = new_id();
-        let (fence, mut caps) = fence_of(&new);
+        let (fence, mut caps, answered) = fence_of(&new);
         // Slots are taken in the periods that hold the row's start, so a
         // return finds them again from the row.
         let started_at = Utc::now();
@@ -684,6 +701,7 @@ impl Store {
                 row: Box::new(row),
                 fence,
                 caps: caps.clone(),
+                answered,
             })
             .await?;
         Ok(match written {
@@ -750,13 +768,14 @@ impl Store {
             caps: Vec::new(),
             ..new
         };
-        let (fence, caps) = fence_of(&new);
+        let (fence, caps, answered) = fence_of(&new);
         let row = attempt_row(&new_id(), new, AttemptOutcome::Skip(reason), Utc::now());
         self.attempts
             .write(AttemptWrite::Insert {
                 row: Box::new(row),
                 fence,
                 caps,
+                answered,
             })
             .await
     }
@@ -861,12 +880,12 @@ impl SaleOf<'_> {
     }
 }
 
-fn fence_of(new: &NewAttempt) -> (Fence, Vec<CapSlot>) {
+fn fence_of(new: &NewAttempt) -> (Fence, Vec<CapSlot>, Option<Unwritten>) {
     let fence = Fence {
         lead_id: new.lead_id.clone(),
         token: new.claim_token.clone(),
     };
-    (fence, new.caps.clone())
+    (fence, new.caps.clone(), new.answered.clone())
 }
 
 #[cfg(test)]

@@ -260,6 +260,7 @@ fn call(
         instance_id: "test".into(),
         claim_token: token.clone(),
         caps: Vec::new(),
+        answered: None,
     }
 }
 

@@ -134,7 +134,6 @@ async fn kill_9_during_a_post_leaves_the_lead_unknown_and_never_resends(backend:
     let database = TestDatabase::create(backend).await;
     let buyer = TestBuyer::start(accept(), Answer::Hang);
     let buyer_toml = BuyerConfig {
-        ping_timeout: None,
         post_timeout: "60s",
         ..BuyerConfig::new("acme", 1)
     }
@@ -164,6 +163,12 @@ async fn kill_9_during_a_post_leaves_the_lead_unknown_and_never_resends(backend:
         (post.outcome.as_str(), post.reason.as_deref()),
         ("timeout", Some("interrupted"))
     );
+    // The ping's answer was committed with the post's row, before the post.
+    let ping = attempts
+        .iter()
+        .find(|attempt| attempt.kind == "ping")
+        .unwrap();
+    assert_eq!((ping.outcome.as_str(), ping.bid), ("accepted", Some(12.5)));
     let alerts = alert::Entity::find()
         .filter(alert::Column::LeadId.eq(lead_id.as_str()))
         .all(service.app.store.connection())

@@ -31,6 +31,7 @@ on_both_databases!(
     templates_reach_buyers_escaped_for_their_content_type,
     a_lead_taken_over_after_a_lost_settle_is_finished_from_its_history,
     leads_beyond_the_routers_room_are_sold_as_walks_end,
+    every_pings_answer_is_written_though_no_post_follows_it,
 );
 
 fn attempts_of(view: &Value) -> Vec<(String, String, String)> {
@@ -192,6 +193,45 @@ async fn the_waterfall_moves_past_rejections_errors_and_ping_timeouts(backend: B
             "no post without an accepted ping"
         );
     }
+}
+
+/// A waterfall ping's answer is written with the walk's next row; here no
+/// post follows either ping: the first is followed by a skip (its bid
+/// under `min_bid`), the last by nothing (the walk ends unsold), and both
+/// answers are still written, whole.
+async fn every_pings_answer_is_written_though_no_post_follows_it(backend: Backend) {
+    let cheap = TestBuyer::start(accept(), accept());
+    let last = TestBuyer::start(Answer::Reject, accept());
+    let config = BuyerConfig {
+        extra: "min_bid = 15.0",
+        ..BuyerConfig::new("cheap", 1)
+    }
+    .toml(&cheap.base)
+        + &BuyerConfig::new("last", 2).toml(&last.base);
+    let app = spawn_app_with(backend, &config).await;
+
+    let id = app.submit(json!({"email": "no-post@example.com"})).await;
+    let view = app.wait_for_state(&id, "unsold").await;
+    assert_eq!(
+        attempts_of(&view),
+        [
+            row("cheap", "ping", "accepted"),
+            row("cheap", "skip", "below_min_bid"),
+            row("last", "ping", "rejected"),
+        ]
+    );
+    let rows = app.store.attempts_of(&id).await.unwrap();
+    let pings: Vec<(Option<f64>, Option<i32>)> = rows
+        .iter()
+        .filter(|attempt| attempt.kind == "ping")
+        .map(|ping| (ping.bid, ping.http_status))
+        .collect();
+    assert_eq!(
+        pings,
+        [(Some(12.5), Some(200)), (None, Some(200))],
+        "each ping's whole answer is kept"
+    );
+    assert!(cheap.calls("post").is_empty() && last.calls("post").is_empty());
 }
 
 async fn a_post_slower_than_the_ping_limit_still_sells(backend: Backend) {

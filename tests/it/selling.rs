@@ -25,6 +25,7 @@ on_both_databases!(
     a_rejected_post_gives_its_cap_slot_back,
     a_failed_sale_commit_leaves_the_lead_sold_to_that_buyer_and_no_other,
     a_post_whose_answer_cannot_be_written_stops_the_walk,
+    a_post_row_the_database_refuses_is_never_sent_and_its_ping_is_kept,
     a_client_that_drops_its_retry_still_gets_the_sale_recorded,
     a_retried_post_that_times_out_leaves_the_lead_unknown_with_an_alert,
     one_person_submitted_at_once_under_many_keys_is_one_routable_lead,
@@ -214,31 +215,89 @@ async fn a_failed_sale_commit_leaves_the_lead_sold_to_that_buyer_and_no_other(ba
     );
 }
 
-/// Makes every UPDATE of `buyer_id`'s post rows fail (the answer cannot
-/// be written), or lifts that again.
-async fn refuse_post_answers(app: &TestApp, backend: Backend, buyer_id: &str, refuse: bool) {
-    let statements: Vec<String> = match (backend, refuse) {
+/// What a trigger refuses of a buyer's post rows.
+#[derive(Clone, Copy)]
+enum Refused {
+    /// Writing the row (the post is never sent).
+    Row,
+    /// Writing its answer.
+    Answer,
+}
+
+/// Makes the database refuse `buyer_id`'s post rows or their answers, or
+/// lifts that again.
+async fn refuse_posts(app: &TestApp, backend: Backend, refused: Refused, buyer_id: &str, on: bool) {
+    let (event, row) = match refused {
+        Refused::Row => ("INSERT", "NEW"),
+        Refused::Answer => ("UPDATE", "OLD"),
+    };
+    let statements: Vec<String> = match (backend, on) {
         (Backend::Sqlite, true) => vec![format!(
-            "CREATE TRIGGER refuse_answers BEFORE UPDATE ON attempts \
-             WHEN OLD.buyer_id = '{buyer_id}' AND OLD.kind = 'post' \
-             BEGIN SELECT RAISE(ABORT, 'answer refused'); END"
+            "CREATE TRIGGER refuse_posts BEFORE {event} ON attempts \
+             WHEN {row}.buyer_id = '{buyer_id}' AND {row}.kind = 'post' \
+             BEGIN SELECT RAISE(ABORT, 'post refused'); END"
         )],
-        (Backend::Sqlite, false) => vec!["DROP TRIGGER refuse_answers".into()],
+        (Backend::Sqlite, false) => vec!["DROP TRIGGER refuse_posts".into()],
         (Backend::Postgres, true) => vec![
             format!(
-                "CREATE FUNCTION refuse_answers() RETURNS trigger AS $$ BEGIN \
-                 IF OLD.buyer_id = '{buyer_id}' AND OLD.kind = 'post' THEN \
-                 RAISE EXCEPTION 'answer refused'; END IF; RETURN NEW; END $$ LANGUAGE plpgsql"
+                "CREATE FUNCTION refuse_posts() RETURNS trigger AS $$ BEGIN \
+                 IF {row}.buyer_id = '{buyer_id}' AND {row}.kind = 'post' THEN \
+                 RAISE EXCEPTION 'post refused'; END IF; RETURN NEW; END $$ LANGUAGE plpgsql"
             ),
-            "CREATE TRIGGER refuse_answers BEFORE UPDATE ON attempts \
-             FOR EACH ROW EXECUTE FUNCTION refuse_answers()"
-                .into(),
+            format!(
+                "CREATE TRIGGER refuse_posts BEFORE {event} ON attempts \
+                 FOR EACH ROW EXECUTE FUNCTION refuse_posts()"
+            ),
         ],
-        (Backend::Postgres, false) => vec!["DROP TRIGGER refuse_answers ON attempts".into()],
+        (Backend::Postgres, false) => vec![
+            "DROP TRIGGER refuse_posts ON attempts".into(),
+            "DROP FUNCTION refuse_posts()".into(),
+        ],
     };
     for statement in statements {
         execute(app, &statement).await;
     }
+}
+
+/// A ping's answer is held for the commit of the walk's next row: when
+/// that commit fails (the post's row refused), no post is sent, and the
+/// answer is still written before the walk ends.
+async fn a_post_row_the_database_refuses_is_never_sent_and_its_ping_is_kept(backend: Backend) {
+    let first = TestBuyer::start(accept(), accept());
+    let second = TestBuyer::start(accept(), accept());
+    let toml = BuyerConfig::new("first", 1).toml(&first.base)
+        + &BuyerConfig::new("second", 2).toml(&second.base);
+    let app = spawn_app_with(backend, &toml).await;
+    refuse_posts(&app, backend, Refused::Row, "first", true).await;
+    let id = app
+        .submit(json!({"email": "refused-row@example.com"}))
+        .await;
+    wait_until("two walks to stop on the refused row", SETTLE, || async {
+        let row = app.store.find_lead(&id).await.unwrap().unwrap();
+        row.route_failures >= 2
+    })
+    .await;
+    refuse_posts(&app, backend, Refused::Row, "first", false).await;
+    assert!(
+        first.calls("post").is_empty() && second.calls("ping").is_empty(),
+        "nothing is sent after a row that could not be written"
+    );
+    let pings = first.calls("ping").len();
+    assert!(pings >= 2, "each walk pinged: {pings}");
+
+    let view = app.wait_for_state(&id, "sold").await;
+    assert_eq!(view["sold_to"], "first");
+    let rows = app.store.attempts_of(&id).await.unwrap();
+    let ping_outcomes: Vec<&str> = rows
+        .iter()
+        .filter(|attempt| attempt.kind == "ping")
+        .map(|attempt| attempt.outcome.as_str())
+        .collect();
+    assert!(
+        ping_outcomes.len() > pings && ping_outcomes.iter().all(|outcome| *outcome == "accepted"),
+        "every ping's answer was written, none left in flight: {ping_outcomes:?}"
+    );
+    assert_eq!(first.calls("post").len(), 1);
 }
 
 async fn a_post_whose_answer_cannot_be_written_stops_the_walk(backend: Backend) {
@@ -247,7 +306,7 @@ async fn a_post_whose_answer_cannot_be_written_stops_the_walk(backend: Backend) 
     let toml = BuyerConfig::new("first", 1).toml(&first.base)
         + &BuyerConfig::new("second", 2).toml(&second.base);
     let app = spawn_app_with(backend, &toml).await;
-    refuse_post_answers(&app, backend, "first", true).await;
+    refuse_posts(&app, backend, Refused::Answer, "first", true).await;
     let id = app.submit(json!({"email": "lost@example.com"})).await;
     wait_until(
         "the walk to stop on the unrecorded answer",
@@ -258,7 +317,7 @@ async fn a_post_whose_answer_cannot_be_written_stops_the_walk(backend: Backend) 
         },
     )
     .await;
-    refuse_post_answers(&app, backend, "first", false).await;
+    refuse_posts(&app, backend, Refused::Answer, "first", false).await;
 
     let view = app.wait_for_state(&id, "unknown").await;
     assert_eq!(first.calls("post").len(), 1, "never re-sent");
