@@ -161,8 +161,10 @@ struct Routed {
 
 /// Medians over the routed leads (ms): arrival to its first call, one
 /// call's exchange with the buyer, the time between a call's answer and
-/// the next call's row (the answer's commit, the walk's step, the hop to
-/// the buyer's actor, a slot), the last answer to the lead's final state
+/// the next call's row (the next row's commit, which after a ping writes
+/// its answer too; after a post, the answer's commit before it; the walk's
+/// step, the hop to the buyer's actor, a slot), the last answer to the
+/// lead's final state
 /// (the sale's commit or the settle), and arrival to final.
 #[derive(Default, Clone, Copy)]
 struct Breakdown {
