@@ -1,7 +1,8 @@
 //! `Router`: decides which leads are being routed. Queued leads are rows,
 //! not live actors: the router starts at most `MAX_ACTIVE_WATERFALLS`
 //! waterfalls, fewer while intake's leads wait longer than usual for their
-//! commit (`yielding`: routing narrows, intake goes first), and its sweep
+//! commit (`yielding`: routing narrows, and starts at most its width of
+//! walks per window; intake goes first), and its sweep
 //! (every `routing.sweep_interval`, and at start) picks up leads in
 //! `received` and leads whose lease ran out.
 //!
@@ -165,6 +166,7 @@ impl Router {
         if wanted.is_empty() {
             return;
         }
+        self.width.started(wanted.len());
         self.claiming.extend(wanted.iter().cloned());
         let routing = self.routing.clone();
         ctx.spawn(
@@ -195,11 +197,9 @@ impl Router {
         );
     }
 
-    /// Waterfalls that may still start.
+    /// Waterfalls that may still start (`RoutingYield::room`).
     fn room(&self) -> usize {
-        self.width
-            .width()
-            .saturating_sub(self.active.len() + self.claiming.len())
+        self.width.room(self.active.len() + self.claiming.len())
     }
 
     /// Room enough for a claim while waterfalls run: `CLAIM_CHUNK` slots
@@ -210,14 +210,12 @@ impl Router {
         room > 0 && room >= waiting.min(chunk)
     }
 
-    /// Sets the width from intake's delay; when it grew, fills the room.
+    /// Sets the width from intake's delay for a new window, whose room
+    /// (wider, or a narrower one's starts renewed) it fills.
     fn yield_to_intake(&mut self, ctx: &mut Context<Self>) {
-        let before = self.width.width();
         let width = self.width.adjust(std::time::Instant::now());
         self.environment.metrics.routing_width(width);
-        if width > before {
-            self.fill_room(ctx);
-        }
+        self.fill_room(ctx);
     }
 
     /// Keeps stored leads that found no room, up to `MAX_QUEUED`; the rest
@@ -280,6 +278,7 @@ impl Router {
         }
         self.sweeping = true;
         self.backlog = false;
+        self.width.started(room as usize);
         let routing = self.routing.clone();
         ctx.spawn(
             guarded::<Self, _>("router", async move {

@@ -10,8 +10,12 @@
 //! many waterfalls may run, as a congestion window does (LEDBAT-like):
 //! halved, down to `FLOOR`, in a window whose delay rose more than `TARGET`
 //! above the base; grown by `STEP` in a window within it; doubled in a
-//! window without any lead. Routing never stops (the floor), and with no
-//! intake it runs at full width.
+//! window without any lead. While narrower than full width, routing also
+//! starts at most its width of walks per window: walks that end at once
+//! (no buyer takes the lead, every circuit open) would otherwise start
+//! again as fast as they end, and their claims and settles take the
+//! database from intake whatever the width. Routing never stops (the
+//! floor), and with no intake it runs at full width, unpaced.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -113,6 +117,8 @@ pub struct RoutingYield {
     width: usize,
     /// Each window's shortest delay, for the base.
     lows: VecDeque<(Instant, Duration)>,
+    /// Walks started in this window.
+    started: usize,
 }
 
 impl RoutingYield {
@@ -123,6 +129,7 @@ impl RoutingYield {
             widest,
             width: widest,
             lows: VecDeque::new(),
+            started: 0,
         }
     }
 
@@ -130,8 +137,26 @@ impl RoutingYield {
         self.width
     }
 
+    /// Walks that may start now, with `held` leads held or being claimed:
+    /// the width's free places, and while narrower than full width no more
+    /// than what is left of this window's width of starts.
+    pub fn room(&self, held: usize) -> usize {
+        let free = self.width.saturating_sub(held);
+        if self.width < self.widest {
+            free.min(self.width.saturating_sub(self.started))
+        } else {
+            free
+        }
+    }
+
+    /// Counts walks started (or claims asked for) in this window.
+    pub fn started(&mut self, walks: usize) {
+        self.started += walks;
+    }
+
     /// Ends a window: reads intake's delay and sets the width.
     pub fn adjust(&mut self, now: Instant) -> usize {
+        self.started = 0;
         let floor = FLOOR.min(self.widest);
         self.width = match self.delay.take_window(now) {
             None => self.width.saturating_mul(2),
@@ -244,6 +269,26 @@ mod tests {
         delay.waiting_since(Some(start));
         assert_eq!(routing.adjust(start + ms(50)), 128);
         assert_eq!(routing.adjust(start + ms(150)), 64);
+    }
+
+    #[test]
+    fn a_narrower_router_starts_at_most_its_width_of_walks_per_window() {
+        let (delay, mut routing, start) = yielding(256);
+        routing.started(1000);
+        assert_eq!(routing.room(10), 246, "full width: unpaced");
+        delay.answered(ms(1));
+        routing.adjust(start);
+        delay.answered(ms(50));
+        assert_eq!(routing.adjust(start + WINDOW), 128);
+        assert_eq!(routing.room(0), 128);
+        routing.started(100);
+        assert_eq!(routing.room(0), 28, "100 of this window's 128 started");
+        assert_eq!(routing.room(110), 18, "and the width's free places");
+        routing.started(28);
+        assert_eq!(routing.room(0), 0);
+        delay.answered(ms(1));
+        routing.adjust(start + WINDOW * 2);
+        assert_eq!(routing.room(0), 128 + STEP, "a new window");
     }
 
     #[test]

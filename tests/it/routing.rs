@@ -831,42 +831,44 @@ async fn a_backlog_found_by_a_sweep_refreshes_the_planner_statistics() {
     crate::helpers::close_stores().await;
 }
 
-/// Routing yields to intake: while a lead waits for its commit far longer
-/// than intake's usual delay (another connection holds the intake log),
-/// the router narrows to its floor of 32 waterfalls, and a backlog the
-/// sweep finds meanwhile starts 32 walks, not 80; once intake commits
-/// again, routing widens and the rest start. (PostgreSQL: its table lock
-/// stops intake alone; SQLite's write lock would stop routing's claims too.)
-#[actix_web::test]
-async fn routing_narrows_while_intakes_leads_wait_and_widens_after() {
-    use sea_orm::{ConnectionTrait, TransactionTrait};
+/// The router's floor (`yielding::FLOOR`) and full width.
+const FLOOR: usize = 32;
+const WIDEST: usize = 256;
 
-    const FLOOR: usize = 32;
-    let buyer = TestBuyer::start(Answer::Hang, accept());
+/// An app on PostgreSQL selling to `buyer` only, swept every 100 ms.
+async fn yielding_app(buyer: &TestBuyer, ping_timeout: &str) -> TestApp {
     let config = BuyerConfig {
-        ping_timeout: Some("60s"),
+        ping_timeout: Some(ping_timeout),
         extra: "max_concurrency = 400",
-        ..BuyerConfig::new("patient", 1)
+        ..BuyerConfig::new("only", 1)
     }
     .toml(&buyer.base);
-    let app = spawn_app_adjusted(Backend::Postgres, &config, |settings| {
+    spawn_app_adjusted(Backend::Postgres, &config, |settings| {
         settings.routing.sweep_interval = Duration::from_millis(100);
         settings.database.acquire_timeout = Duration::from_secs(30);
     })
-    .await;
-    let width = || async {
-        let metrics = app
-            .send(app.client.get(app.url("/metrics")), "")
-            .await
-            .text();
-        metrics
-            .lines()
-            .find_map(|line| line.strip_prefix("leadrouter_routing_width "))
-            .map(|value| value.trim().parse::<usize>().unwrap())
-    };
-    assert_eq!(width().await, Some(256), "full width with no intake");
+    .await
+}
 
-    let blocker = sea_orm::Database::connect(crate::helpers::database_url_of(&app).as_str())
+/// The router's width, from `/metrics`.
+async fn routing_width(app: &TestApp) -> Option<usize> {
+    let metrics = app
+        .send(app.client.get(app.url("/metrics")), "")
+        .await
+        .text();
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("leadrouter_routing_width "))
+        .map(|value| value.trim().parse::<usize>().unwrap())
+}
+
+/// Runs `attack` once routing is at its floor because intake's one lead
+/// waits for its commit (another connection holds the intake log until
+/// `attack` ends); that lead is then stored and accepted.
+async fn while_intake_waits(app: &TestApp, attack: impl std::future::Future<Output = ()>) {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+
+    let blocker = sea_orm::Database::connect(crate::helpers::database_url_of(app).as_str())
         .await
         .unwrap();
     let hold = blocker.begin().await.unwrap();
@@ -876,9 +878,34 @@ async fn routing_narrows_while_intakes_leads_wait_and_widens_after() {
     let stuck = app.post_feed_lead_owned(json!({"email": "stuck@example.com", "lead_id": "stuck"}));
     let attack = async {
         wait_until("routing at its floor", Duration::from_secs(20), || async {
-            width().await == Some(FLOOR)
+            routing_width(app).await == Some(FLOOR)
         })
         .await;
+        attack.await;
+        hold.rollback().await.unwrap();
+    };
+    let (answer, ()) = futures_util::join!(stuck, attack);
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.json()["acceptance"], "accepted");
+}
+
+/// Routing yields to intake: while a lead waits for its commit far longer
+/// than intake's usual delay (another connection holds the intake log),
+/// the router narrows to its floor of 32 waterfalls, and a backlog the
+/// sweep finds meanwhile starts 32 walks, not 80; once intake commits
+/// again, routing widens and the rest start. (PostgreSQL: its table lock
+/// stops intake alone; SQLite's write lock would stop routing's claims too.)
+#[actix_web::test]
+async fn routing_narrows_while_intakes_leads_wait_and_widens_after() {
+    let buyer = TestBuyer::start(Answer::Hang, accept());
+    let app = yielding_app(&buyer, "60s").await;
+    assert_eq!(
+        routing_width(&app).await,
+        Some(WIDEST),
+        "full width with no intake"
+    );
+
+    while_intake_waits(&app, async {
         crate::helpers::stored_leads(&app.store, 80).await;
         wait_until(
             "the floor's walks at the buyer",
@@ -889,17 +916,14 @@ async fn routing_narrows_while_intakes_leads_wait_and_widens_after() {
         // Ten sweeps more: none may start a walk beyond the floor.
         actix_web::rt::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(buyer.calls("ping").len(), FLOOR, "walks while intake waits");
-        assert_eq!(width().await, Some(FLOOR));
+        assert_eq!(routing_width(&app).await, Some(FLOOR));
         let status = app
             .send(app.client.get(app.url("/v1/status")), "")
             .await
             .json();
         assert_eq!(status["routing"]["width"], FLOOR, "{status}");
-        hold.rollback().await.unwrap();
-    };
-    let (answer, ()) = futures_util::join!(stuck, attack);
-    assert_eq!(answer.status, 200, "{}", answer.text());
-    assert_eq!(answer.json()["acceptance"], "accepted");
+    })
+    .await;
 
     wait_until(
         "every lead at the buyer",
@@ -908,7 +932,40 @@ async fn routing_narrows_while_intakes_leads_wait_and_widens_after() {
     )
     .await;
     wait_until("routing at full width", Duration::from_secs(20), || async {
-        width().await == Some(256)
+        routing_width(&app).await == Some(WIDEST)
+    })
+    .await;
+}
+
+/// Walks that end at once (the buyer rejects every ping) would start again
+/// as fast as they end, whatever the width: while intake's lead waits, a
+/// narrower router starts at most its width of walks per 100 ms window.
+/// Counted over a second by the buyer: every walk pings it once.
+#[actix_web::test]
+async fn a_narrower_router_starts_at_most_its_width_of_walks_per_window() {
+    let buyer = TestBuyer::start(Answer::Reject, accept());
+    let app = yielding_app(&buyer, "5s").await;
+    while_intake_waits(&app, async {
+        crate::helpers::stored_leads(&app.store, 3000).await;
+        wait_until("walks at the buyer", Duration::from_secs(20), || async {
+            !buyer.calls("ping").is_empty()
+        })
+        .await;
+        let (from, pinged_before) = (Instant::now(), buyer.calls("ping").len());
+        actix_web::rt::time::sleep(Duration::from_secs(1)).await;
+        let pinged = buyer.calls("ping").len() - pinged_before;
+        // Every window the second overlaps, and a window's walks that
+        // started before it and ping during it.
+        let windows = from.elapsed().as_millis().div_ceil(100) as usize + 2;
+        assert!(
+            pinged <= FLOOR * windows,
+            "{pinged} walks in {windows} windows of at most {FLOOR}"
+        );
+        assert!(pinged > 0, "routing never stops");
+    })
+    .await;
+    wait_until("every lead walked", Duration::from_secs(60), || async {
+        buyer.calls("ping").len() == 3001
     })
     .await;
 }
