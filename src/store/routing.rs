@@ -685,9 +685,9 @@ impl Store {
 
     /// Writes a call's row as `in_flight`, before the call is made, while
     /// the lead's claim holds and (a post) with its cap slots reserved.
-    pub async fn begin_attempt(&self, new: NewAttempt) -> Result<Begun, DbErr> {
+    pub async fn begin_attempt(&self, mut new: NewAttempt) -> Result<Begun, DbErr> {
         let id = new_id();
-        let (fence, mut caps, answered) = fence_of(&new);
+        let (fence, mut caps, answered) = fence_of(&mut new);
         // Slots are taken in the periods that hold the row's start, so a
         // return finds them again from the row.
         let started_at = Utc::now();
@@ -763,12 +763,12 @@ impl Store {
     /// A skip: an attempt row of kind `skip` whose outcome is the reason,
     /// written whole in one statement while the claim holds.
     pub async fn record_skip(&self, new: NewAttempt, reason: SkipReason) -> Result<Written, DbErr> {
-        let new = NewAttempt {
+        let mut new = NewAttempt {
             kind: AttemptKind::Skip,
             caps: Vec::new(),
             ..new
         };
-        let (fence, caps, answered) = fence_of(&new);
+        let (fence, caps, answered) = fence_of(&mut new);
         let row = attempt_row(&new_id(), new, AttemptOutcome::Skip(reason), Utc::now());
         self.attempts
             .write(AttemptWrite::Insert {
@@ -880,12 +880,14 @@ impl SaleOf<'_> {
     }
 }
 
-fn fence_of(new: &NewAttempt) -> (Fence, Vec<CapSlot>, Option<Unwritten>) {
+/// The write's conditions, its cap slots, and the answer it brings (taken:
+/// the row itself does not hold it).
+fn fence_of(new: &mut NewAttempt) -> (Fence, Vec<CapSlot>, Option<Unwritten>) {
     let fence = Fence {
         lead_id: new.lead_id.clone(),
         token: new.claim_token.clone(),
     };
-    (fence, new.caps.clone(), new.answered.clone())
+    (fence, new.caps.clone(), new.answered.take())
 }
 
 #[cfg(test)]
