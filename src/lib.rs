@@ -22,6 +22,7 @@
 //! - [`metrics`]: the `/metrics` counters, histogram and gauges.
 //! - [`rate_limit`]: token buckets per source and client IP.
 //! - [`telemetry`]: tracing set-up.
+//! - [`threads`]: names the service's threads; routing's yield the CPU to intake's.
 
 pub mod actors;
 pub mod alerts;
@@ -44,4 +45,5 @@ pub mod spool;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+pub mod threads;
 pub mod verify_release;

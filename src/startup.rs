@@ -161,6 +161,7 @@ impl Application {
         {
             tracing::warn!("database queries still running at shutdown");
         }
+        self.tree.routing_thread.stop();
         match reason {
             StopReason::Stopped(served) => Ok(served?),
             StopReason::Signal(signal) => {

@@ -9,7 +9,7 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use actix::{Addr, AsyncContext, Supervisor};
+use actix::{Addr, Arbiter, ArbiterHandle, AsyncContext, Supervisor};
 
 use super::buyer::{start_buyer, BuyerEnvironment, InjectedPanics};
 use super::courier::{CourierEnvironment, Couriers};
@@ -43,6 +43,9 @@ pub struct Tree {
     pub instance_id: Arc<str>,
     /// Notify channels (and the event sinks' health on their board).
     pub couriers: Couriers,
+    /// The thread the router, the buyers and the walks run on, at a lower
+    /// CPU priority than intake's (see `thread_priority`).
+    pub routing_thread: ArbiterHandle,
 }
 
 /// What the actors share besides the settings.
@@ -58,10 +61,10 @@ pub struct Services {
 pub struct Overseer;
 
 impl Overseer {
-    /// Starts every actor on the current arbiter, except intake and the
-    /// spool drainer, which run on the store's intake thread (away from
-    /// routing's actors). `instance_id` names this process in leases and
-    /// attempt rows.
+    /// Starts the router (and through it the buyers and the walks) on a
+    /// routing thread of its own, at a lower CPU priority; intake and the
+    /// spool drainer on the store's intake thread; the rest on the current
+    /// arbiter. `instance_id` names this process in leases and attempt rows.
     pub fn start(shared: &SharedSettings, instance_id: Arc<str>, services: Services) -> Tree {
         let settings = &*shared.current();
         let Services {
@@ -100,6 +103,8 @@ impl Overseer {
             directory: directory.clone(),
             ..routing
         };
+        let routing_thread = Arbiter::new().handle();
+        routing_thread.spawn_fn(crate::threads::become_routing);
         let router = {
             let (pii_fields, store, board, restarts, alerts) = (
                 Arc::new(settings.routing.pii_fields.clone()),
@@ -111,7 +116,7 @@ impl Overseer {
             let metrics = metrics.clone();
             let directory = directory.clone();
             let intake_delay = intake_delay.clone();
-            Supervisor::start(move |ctx: &mut actix::Context<Router>| {
+            Supervisor::start_in_arbiter(&routing_thread, move |ctx: &mut actix::Context<Router>| {
                 let environment = BuyerEnvironment {
                     pii_fields,
                     store,
@@ -199,6 +204,7 @@ impl Overseer {
             draining,
             instance_id,
             couriers,
+            routing_thread,
         }
     }
 }

@@ -101,7 +101,10 @@ impl Store {
             .saturating_sub(intake_connections + writer_connections)
             .max(2);
         let intake_thread = Arbiter::new().handle();
+        intake_thread.spawn_fn(crate::threads::become_intake);
         let writer_thread = Arbiter::new().handle();
+        // Attempt rows are routing's writes: their CPU yields to intake's.
+        writer_thread.spawn_fn(crate::threads::become_attempt_writer);
         // A store that cannot connect leaves no thread behind.
         let stop_threads = |_: &DbErr| {
             intake_thread.stop();

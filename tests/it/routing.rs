@@ -969,3 +969,59 @@ async fn a_narrower_router_starts_at_most_its_width_of_walks_per_window() {
     })
     .await;
 }
+
+/// Routing's threads (the router with its buyers and walks, the attempt
+/// writer) run 10 nice steps below intake's thread and the HTTP workers,
+/// so that on a busy machine the kernel answers senders first. Read from
+/// the kernel's own view of this process's threads.
+#[cfg(target_os = "linux")]
+#[actix_web::test]
+async fn routing_threads_run_below_intakes_cpu_priority() {
+    let app = spawn_app_with(Backend::Sqlite, "").await;
+    let id = app.submit(json!({"email": "nice@example.com"})).await;
+    app.wait_for_state(&id, "unsold").await;
+    let threads = threads_by_name();
+    let nice_of = |name: &str| {
+        let nices: Vec<i32> = threads
+            .iter()
+            .filter(|(comm, _)| comm == name)
+            .map(|(_, nice)| *nice)
+            .collect();
+        assert!(!nices.is_empty(), "no thread named {name}: {threads:?}");
+        nices
+    };
+    let intake = nice_of("lr-intake")[0];
+    assert!(nice_of("lr-intake").iter().all(|nice| *nice == intake));
+    for routing in ["lr-routing", "lr-attempts"] {
+        assert!(
+            nice_of(routing).iter().all(|nice| *nice == intake + 10),
+            "{routing} at intake's {intake}: {threads:?}"
+        );
+    }
+    let workers: Vec<i32> = threads
+        .iter()
+        .filter(|(comm, _)| comm == "actix-rt|system")
+        .map(|(_, nice)| *nice)
+        .collect();
+    // The HTTP workers are actix arbiters (named by actix-rt, cut short).
+    assert!(!workers.is_empty(), "no HTTP worker: {threads:?}");
+    assert!(workers.iter().all(|nice| *nice == intake), "{threads:?}");
+    crate::helpers::close_stores().await;
+}
+
+/// Every thread of this process: its name and nice value, from
+/// `/proc/self/task/*/stat` (the name in parentheses may hold spaces; the
+/// nice value is the 17th field after it).
+#[cfg(target_os = "linux")]
+fn threads_by_name() -> Vec<(String, i32)> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("stat")).ok())
+        .map(|stat| {
+            let (head, tail) = stat.rsplit_once(')').unwrap();
+            let name = head.split_once('(').unwrap().1.to_string();
+            let nice = tail.split_whitespace().nth(16).unwrap().parse().unwrap();
+            (name, nice)
+        })
+        .collect()
+}
