@@ -116,49 +116,53 @@ impl Overseer {
             let metrics = metrics.clone();
             let directory = directory.clone();
             let intake_delay = intake_delay.clone();
-            Supervisor::start_in_arbiter(&routing_thread, move |ctx: &mut actix::Context<Router>| {
-                let environment = BuyerEnvironment {
-                    pii_fields,
-                    store,
-                    board,
-                    router: ctx.address().recipient(),
-                    restarts: restarts.clone(),
-                    alerts,
-                    metrics,
-                };
-                // Runs once: a restarted router keeps its buyers.
-                if directory.all().is_empty() {
-                    directory.replace(
-                        buyer_settings
-                            .into_iter()
-                            .map(|settings| {
-                                let count = |table: &std::collections::BTreeMap<String, u32>| {
-                                    table.get(&settings.id).copied().unwrap_or(0)
-                                };
-                                let panics = InjectedPanics {
-                                    calls: count(&faults.buyer_panics),
-                                    probes: count(&faults.probe_panics),
-                                };
-                                BuyerHandle {
-                                    addr: start_buyer(
-                                        settings.clone(),
-                                        environment.clone(),
-                                        panics,
-                                    ),
-                                    settings,
-                                }
-                            })
-                            .collect(),
-                    );
-                }
-                Router::new(
-                    Arc::new(routing),
-                    sweep_interval,
-                    restarts,
-                    environment,
-                    intake_delay.clone(),
-                )
-            })
+            Supervisor::start_in_arbiter(
+                &routing_thread,
+                move |ctx: &mut actix::Context<Router>| {
+                    let environment = BuyerEnvironment {
+                        pii_fields,
+                        store,
+                        board,
+                        router: ctx.address().recipient(),
+                        restarts: restarts.clone(),
+                        alerts,
+                        metrics,
+                    };
+                    // Runs once: a restarted router keeps its buyers.
+                    if directory.all().is_empty() {
+                        directory.replace(
+                            buyer_settings
+                                .into_iter()
+                                .map(|settings| {
+                                    let count =
+                                        |table: &std::collections::BTreeMap<String, u32>| {
+                                            table.get(&settings.id).copied().unwrap_or(0)
+                                        };
+                                    let panics = InjectedPanics {
+                                        calls: count(&faults.buyer_panics),
+                                        probes: count(&faults.probe_panics),
+                                    };
+                                    BuyerHandle {
+                                        addr: start_buyer(
+                                            settings.clone(),
+                                            environment.clone(),
+                                            panics,
+                                        ),
+                                        settings,
+                                    }
+                                })
+                                .collect(),
+                        );
+                    }
+                    Router::new(
+                        Arc::new(routing),
+                        sweep_interval,
+                        restarts,
+                        environment,
+                        intake_delay.clone(),
+                    )
+                },
+            )
         };
         let rules = IntakeRules {
             duplicates: settings.duplicate_rule(),

@@ -522,6 +522,8 @@ impl Router {
 
 /// Leads that just ended unsold after failing at a buyer that has been
 /// seen answering again since: back to be routed (the next sweep takes them).
+/// Only the buyers they failed at are asked about, each for the leads it
+/// failed.
 async fn offer_again_to_recovered(
     routing: &RoutingContext,
     settled: &[HeldLead],
@@ -532,15 +534,25 @@ async fn offer_again_to_recovered(
         .filter(|lead| matches!(lead.end, LeadEnd::State(LeadState::Unsold)))
         .map(|lead| lead.lead_id.clone())
         .collect();
-    if unsold.is_empty() {
+    if unsold.is_empty() || answered.is_empty() {
         return 0;
     }
+    let failed = match routing.store.buyers_failed_for(&unsold).await {
+        Ok(failed) => failed,
+        Err(error) => {
+            tracing::error!(%error, "could not read which buyers unsold leads failed at");
+            return 0;
+        }
+    };
     let since = chrono::Utc::now() - REROUTE_WITHIN;
     let mut requeued = 0;
     for (buyer_id, at) in answered {
+        let Some(leads) = failed.get(buyer_id) else {
+            continue;
+        };
         match routing
             .store
-            .requeue_for_buyer(buyer_id, since, *at, None, Some(&unsold))
+            .requeue_for_buyer(buyer_id, since, *at, None, Some(leads))
             .await
         {
             Ok(count) => requeued += count,

@@ -590,6 +590,34 @@ impl Store {
         Ok((changed, set_aside))
     }
 
+    /// The buyers each of `leads` failed with an error or was skipped for
+    /// (circuit, load), each with those of the leads it failed: the only
+    /// buyers [`Store::requeue_for_buyer`] could put them back for, found
+    /// by the attempts' lead index. Most leads end unsold without such a
+    /// failure, and then no requeue statement (planned for each run) is
+    /// needed at all.
+    pub async fn buyers_failed_for(
+        &self,
+        leads: &[LeadId],
+    ) -> Result<HashMap<String, Vec<LeadId>>, DbErr> {
+        let failures: Vec<(String, String)> = attempt::Entity::find()
+            .select_only()
+            .column(attempt::Column::BuyerId)
+            .column(attempt::Column::LeadId)
+            .distinct()
+            .filter(attempt::Column::LeadId.is_in(leads.iter().map(LeadId::as_str)))
+            .filter(attempt::Column::Kind.is_in(BUYER_KINDS))
+            .filter(attempt::Column::Outcome.is_in(retryable_outcomes()))
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        let mut by_buyer: HashMap<String, Vec<LeadId>> = HashMap::new();
+        for (buyer_id, lead_id) in failures {
+            by_buyer.entry(buyer_id).or_default().push(lead_id.into());
+        }
+        Ok(by_buyer)
+    }
+
     /// Puts back to `received` the unsold leads (arrived after `since`,
     /// not rerouted or returned: those are the operator's) that this buyer
     /// failed with an error or was skipped for (circuit, load) before
