@@ -1,6 +1,8 @@
 //! Routing benchmark: leadrouter (`serve`, a child process) selling leads to
 //! three `leadrouter mock-buyer` processes, against an intake-only run of
-//! the same binary measured in the same run. Reports routed leads/s, the
+//! the same binary measured in the same run. Reports routed leads/s (over
+//! the whole run, and from the last lead acknowledged on, when routing no
+//! longer yields to intake) beside the buyer-bound limit, the
 //! server's CPU time per outbound call, and intake latency with healthy and
 //! with hanging buyers; then the same buyers sold to by auction, against the
 //! waterfall run (leads/s, median time from arrival to sale, calls per lead).
@@ -85,6 +87,12 @@ fn main() {
         routed.routed_rate / buyer_bound
     );
     println!(
+        "                  after the last lead was acknowledged: {} leads waiting, routed at {:>7.0} leads/s = {:.2}x the limit (no intake to yield to)",
+        routed.waiting_after_intake,
+        routed.drain_rate,
+        routed.drain_rate / buyer_bound
+    );
+    println!(
         "                  the machine meanwhile: {:.2} of 2 cores busy (time stolen by the hypervisor counts as busy)",
         routed.cores_busy
     );
@@ -135,6 +143,8 @@ fn main() {
 struct Phase {
     load: LoadResult,
     routed_rate: f64,
+    waiting_after_intake: u64,
+    drain_rate: f64,
     /// Calls to the buyer called most, per lead.
     busiest_per_lead: f64,
     /// Cores busy, all processes, from the first lead sent to the last final.
@@ -150,6 +160,11 @@ struct Phase {
 #[derive(Default)]
 struct Routed {
     rate: f64,
+    /// Leads not yet final when the last one was acknowledged.
+    waiting_after_intake: u64,
+    /// Their rate from then to the last final state: routing alone, no
+    /// longer yielding to intake.
+    drain_rate: f64,
     calls: u64,
     /// Calls to the buyer called most, per lead.
     busiest_per_lead: f64,
@@ -227,6 +242,8 @@ fn run_phase(
     Phase {
         load,
         routed_rate: routed.rate,
+        waiting_after_intake: routed.waiting_after_intake,
+        drain_rate: routed.drain_rate,
         busiest_per_lead: routed.busiest_per_lead,
         cores_busy,
         calls: routed.calls,
@@ -245,6 +262,12 @@ async fn wait_until_final(url: &str, started: Instant) -> Routed {
     .await
     .unwrap();
     let db = store.connection();
+    let intake_ended = Instant::now();
+    let waiting_after_intake = lead::Entity::find()
+        .filter(lead::Column::State.is_in(["received", "routing"]))
+        .count(db)
+        .await
+        .unwrap();
     loop {
         let waiting = lead::Entity::find()
             .filter(lead::Column::State.is_in(["received", "routing"]))
@@ -261,6 +284,7 @@ async fn wait_until_final(url: &str, started: Instant) -> Routed {
         actix_web::rt::time::sleep(Duration::from_millis(50)).await;
     }
     let elapsed = started.elapsed();
+    let drain_rate = waiting_after_intake as f64 / intake_ended.elapsed().as_secs_f64();
     let total = lead::Entity::find().count(db).await.unwrap();
     let buyers_called: Vec<String> = attempt::Entity::find()
         .select_only()
@@ -299,6 +323,8 @@ async fn wait_until_final(url: &str, started: Instant) -> Routed {
         .collect();
     Routed {
         rate: total as f64 / elapsed.as_secs_f64(),
+        waiting_after_intake,
+        drain_rate,
         calls,
         busiest_per_lead: busiest as f64 / total.max(1) as f64,
         sold: to_sale.len() as u64,
