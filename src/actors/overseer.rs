@@ -44,7 +44,7 @@ pub struct Tree {
     /// Notify channels (and the event sinks' health on their board).
     pub couriers: Couriers,
     /// The thread the router, the buyers and the walks run on, at a lower
-    /// CPU priority than intake's (see `thread_priority`).
+    /// CPU priority than intake's (see `threads`).
     pub routing_thread: ArbiterHandle,
 }
 
