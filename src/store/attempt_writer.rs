@@ -480,7 +480,7 @@ async fn claims_held<'a>(
     let holding = Condition::all()
         .add(lead::Column::Id.is_in(leads))
         .add(lead::Column::ClaimToken.is_in(tokens))
-        .add(lead::Column::State.eq(LeadState::Routing.as_str()))
+        .add(super::routing::state_is(LeadState::Routing))
         .add(lead::Column::LeaseUntil.gt(Utc::now()));
     let held = [lead::Column::Id, lead::Column::ClaimToken];
     let rows = if txn.get_database_backend() == DbBackend::Postgres {

@@ -10,6 +10,7 @@ mod process;
 mod scratch_db;
 
 mod admin;
+mod claims;
 mod config;
 mod distribution;
 mod form_helper;
