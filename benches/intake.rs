@@ -301,7 +301,10 @@ async fn raw_insert_rate(backend: Backend, bench: &Settings) -> (f64, usize) {
         Backend::Postgres => bench.clients,
     };
     let mut options = ConnectOptions::new(database.url.clone());
+    // Connected as the service connects (no TLS to this machine's server).
+    let url = database.url.clone();
     options
+        .map_sqlx_postgres_opts(move |options| leadrouter::store::plain_on_loopback(&url, options))
         .max_connections(connections as u32)
         .sqlx_logging(false)
         .map_sqlx_sqlite_opts(|options| {

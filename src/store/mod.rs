@@ -7,6 +7,7 @@ mod caps;
 mod deliveries;
 mod intake_first;
 mod leads;
+mod loopback_tls;
 mod operations;
 mod person;
 mod report;
@@ -32,6 +33,7 @@ pub use deliveries::{
     HeldDelivery,
 };
 pub use leads::{contract_of_row, DuplicateRule, LeadFilter, LeadPage, NewLead, PersistOutcome};
+pub use loopback_tls::plain_on_loopback;
 pub use operations::{OperationError, Settlement};
 pub use report::{Money, ReportBy, ReportRow};
 pub use routing::{
@@ -211,12 +213,17 @@ async fn pool(
     connections: u32,
     planning: Planning,
 ) -> Result<DatabaseConnection, DbErr> {
-    let mut options = ConnectOptions::new(settings.url.expose().to_string());
-    if let Planning::ForEachRun = planning {
-        options.map_sqlx_postgres_opts(|options| {
-            options.options([("plan_cache_mode", "force_custom_plan")])
-        });
-    }
+    let url = settings.url.expose().to_string();
+    let mut options = ConnectOptions::new(url.clone());
+    // One function per pool maps its PostgreSQL options (a second would
+    // replace the first).
+    options.map_sqlx_postgres_opts(move |options| {
+        let options = plain_on_loopback(&url, options);
+        match planning {
+            Planning::ForEachRun => options.options([("plan_cache_mode", "force_custom_plan")]),
+            Planning::Default => options,
+        }
+    });
     options
         .max_connections(connections)
         .acquire_timeout(settings.acquire_timeout)

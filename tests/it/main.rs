@@ -12,6 +12,7 @@ mod scratch_db;
 mod admin;
 mod claims;
 mod config;
+mod connections;
 mod distribution;
 mod form_helper;
 mod group_commit;
