@@ -215,6 +215,7 @@ fn lease_ran_out(now: DateTime<Utc>, found: Found) -> Condition {
         .add(lead::Column::LeaseUntil.lt(now))
 }
 
+/// `state = <state>`, written for how the leads are found.
 fn state_test(state: LeadState, found: Found) -> Expr {
     match found {
         Found::ByState => lead::Column::State.eq(state.as_str()),

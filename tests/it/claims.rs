@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use leadrouter::domain::LeadState;
 use leadrouter::store::{FailurePolicy, HeldLead, LeadEnd};
-use sea_orm::{ConnectionTrait, Database, DatabaseConnection};
+use sea_orm::{ConnectionTrait, Database};
 
-use crate::helpers::{open_store, stored_leads, wait_until, Backend, TestDatabase};
+use crate::helpers::{one_value, open_store, stored_leads, wait_until, Backend, TestDatabase};
 
 /// Leads waiting.
 const BACKLOG: usize = 3000;
@@ -58,7 +58,7 @@ async fn claims_and_settles_by_key_never_read_the_backlogs_state_entries() {
     wait_until("the claims' statistics", Duration::from_secs(30), || {
         let admin = admin.clone();
         async move {
-            counter(
+            one_value::<i64>(
                 &admin,
                 "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'leads'",
             )
@@ -67,7 +67,7 @@ async fn claims_and_settles_by_key_never_read_the_backlogs_state_entries() {
         }
     })
     .await;
-    let state_entries_read = counter(
+    let state_entries_read: i64 = one_value(
         &admin,
         "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'leads_state_received_at'",
     )
@@ -77,16 +77,4 @@ async fn claims_and_settles_by_key_never_read_the_backlogs_state_entries() {
         "{CLAIMS} claims and settles of {CLAIM} leads read {state_entries_read} entries of the state index ({BACKLOG} leads waiting)"
     );
     crate::helpers::close_stores().await;
-}
-
-async fn counter(admin: &DatabaseConnection, query: &str) -> i64 {
-    let row = admin
-        .query_one_raw(sea_orm::Statement::from_string(
-            sea_orm::DbBackend::Postgres,
-            query,
-        ))
-        .await
-        .unwrap()
-        .unwrap();
-    row.try_get_by_index::<i64>(0).unwrap()
 }

@@ -1,9 +1,7 @@
 //! How the store connects to PostgreSQL: a server on this machine is
 //! reached without TLS unless the URL asks for it (`store::loopback_tls`).
 
-use sea_orm::{ConnectionTrait, DbBackend, Statement};
-
-use crate::helpers::{open_store, Backend, TestDatabase};
+use crate::helpers::{one_value, open_store, Backend, TestDatabase};
 
 #[actix_web::test]
 async fn a_server_on_this_machine_is_reached_without_tls_unless_the_url_asks_for_it() {
@@ -25,7 +23,7 @@ async fn a_server_on_this_machine_is_reached_without_tls_unless_the_url_asks_for
 
 /// Whether the connection that runs this statement is encrypted.
 async fn uses_tls(db: &sea_orm::DatabaseConnection) -> bool {
-    yes_or_no(
+    one_value(
         db,
         "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
     )
@@ -33,11 +31,5 @@ async fn uses_tls(db: &sea_orm::DatabaseConnection) -> bool {
 }
 
 async fn server_offers_tls(db: &sea_orm::DatabaseConnection) -> bool {
-    yes_or_no(db, "SELECT current_setting('ssl') = 'on'").await
-}
-
-async fn yes_or_no(db: &sea_orm::DatabaseConnection, query: &str) -> bool {
-    let statement = Statement::from_string(DbBackend::Postgres, query);
-    let row = db.query_one_raw(statement).await.unwrap().unwrap();
-    row.try_get_by_index::<bool>(0).unwrap()
+    one_value(db, "SELECT current_setting('ssl') = 'on'").await
 }

@@ -197,6 +197,14 @@ impl TestApp {
     }
 }
 
+/// The one value `query` answers (first column of its first row).
+pub async fn one_value<T: sea_orm::TryGetable>(db: &sea_orm::DatabaseConnection, query: &str) -> T {
+    use sea_orm::ConnectionTrait;
+    let statement = sea_orm::Statement::from_string(db.get_database_backend(), query);
+    let row = db.query_one_raw(statement).await.unwrap().unwrap();
+    row.try_get_by_index::<T>(0).unwrap()
+}
+
 /// Connects the test to a database a child process uses; closed after the test.
 pub async fn open_store(url: &str) -> Store {
     let settings = config::DatabaseSettings {
