@@ -6,10 +6,12 @@
 //! fills, so under load many leads share a transaction, and each sender is
 //! answered only after the commit that holds its lead. A batch is one
 //! transaction holding its intake log rows and its leads (one commit per
-//! batch). One batch at a time on both databases: two or three in flight on
-//! PostgreSQL made smaller batches, cost more CPU per lead on a 2-core
-//! machine and gained no leads/s (the intake bench, measured again with
-//! every bench lead a different person). A batch the database refuses is
+//! batch). SQLite writes one batch at a time. PostgreSQL may write a second
+//! batch while the first commits, but only once `SECOND_BATCH_FROM` leads
+//! wait: started eagerly, second batches split a light load into smaller
+//! batches and cost more CPU per lead (the intake bench), while under a
+//! heavy load the serial cycle of one batch (build, send, execute, commit)
+//! left a core idle. A batch the database refuses is
 //! retried lead by lead, each lead's log row committed before it, so one
 //! bad row cannot fail its neighbours. A batch the database cannot take
 //! (unreachable, or no answer within `write_deadline`) goes to the spool,
@@ -35,6 +37,9 @@ use crate::store::{
 
 /// Most leads written in one transaction.
 const MAX_BATCH: usize = 512;
+/// Leads that must wait before a second batch starts beside the one being
+/// written (PostgreSQL).
+const SECOND_BATCH_FROM: usize = 16;
 /// Senders beyond this wait (back-pressure); the default 16 would park
 /// most HTTP workers under load and starve group commit of leads.
 const MAILBOX_CAPACITY: usize = 4096;
@@ -96,11 +101,11 @@ pub struct Intake {
     rules: IntakeRules,
     restarts: RestartLog,
     buffer: Vec<Waiting>,
-    /// Leads of the batch being written (0: none is); new leads wait for
-    /// the next one.
+    /// Leads of the batches being written; new leads wait for the next one.
     writing: usize,
-    /// When the first lead of the batch being written was handed to intake.
-    writing_since: Option<Instant>,
+    /// For each batch being written, when its first lead was handed to
+    /// intake.
+    batches_since: Vec<Instant>,
 }
 
 impl Intake {
@@ -111,7 +116,7 @@ impl Intake {
             restarts,
             buffer: Vec::new(),
             writing: 0,
-            writing_since: None,
+            batches_since: Vec::new(),
         }
     }
 
@@ -119,30 +124,48 @@ impl Intake {
         self.targets
             .metrics
             .intake_pending(self.buffer.len() + self.writing);
-        if self.writing == 0 && !self.buffer.is_empty() {
+        if self.may_start_batch() {
             self.start_batch(ctx);
         }
         let oldest = self
-            .writing_since
+            .batches_since
+            .iter()
+            .min()
+            .copied()
             .or_else(|| self.buffer.first().map(|waiting| waiting.since));
         self.targets.delay.waiting_since(oldest);
     }
 
+    /// A first batch as soon as a lead waits; a second (PostgreSQL) only
+    /// once enough wait to fill it.
+    fn may_start_batch(&self) -> bool {
+        match self.batches_since.len() {
+            0 => !self.buffer.is_empty(),
+            1 => {
+                self.targets.store.intake_batches_at_once() > 1
+                    && self.buffer.len() >= SECOND_BATCH_FROM
+            }
+            _ => false,
+        }
+    }
+
     fn start_batch(&mut self, ctx: &mut Context<Self>) {
         let take = self.buffer.len().min(MAX_BATCH);
-        self.writing = take;
-        self.writing_since = Some(self.buffer[0].since);
+        let since = self.buffer[0].since;
+        self.writing += take;
+        self.batches_since.push(since);
         let batch: Vec<Waiting> = self.buffer.drain(..take).collect();
         let targets = self.targets.clone();
         let rules = self.rules.clone();
         ctx.spawn(
             guarded::<Self, _>("intake", write_batch(targets, rules, batch)).map(
-                |done, actor, ctx| {
+                move |done, actor, ctx| {
                     if done.is_some() {
-                        if let Some(since) = actor.writing_since.take() {
-                            actor.targets.delay.answered(since.elapsed());
+                        actor.targets.delay.answered(since.elapsed());
+                        if let Some(index) = actor.batches_since.iter().position(|s| *s == since) {
+                            actor.batches_since.swap_remove(index);
                         }
-                        actor.writing = 0;
+                        actor.writing = actor.writing.saturating_sub(take);
                         actor.write_next_batch(ctx);
                     }
                 },
@@ -165,7 +188,7 @@ impl Supervised for Intake {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
         self.restarts.restarted("intake");
         self.writing = 0;
-        self.writing_since = None;
+        self.batches_since.clear();
     }
 }
 

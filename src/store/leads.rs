@@ -8,12 +8,13 @@ use chrono::{DateTime, Utc};
 use entity::{attempt, intake_log, lead, lead_alias, sale};
 use sea_orm::sea_query::OnConflict;
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, DatabaseTransaction, DbErr, EntityTrait,
-    IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, TransactionTrait,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, DbBackend,
+    DbErr, EntityTrait, IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
+    TransactionTrait,
 };
 use serde_json::{Map, Value};
 
-use super::{person, Store};
+use super::{batch_statement, person, Store};
 use crate::domain::{Contract, FieldError, LeadState};
 
 /// A lead as intake built it, before the database has seen it (and as the
@@ -114,8 +115,12 @@ impl Store {
     ) -> Result<Vec<PersistOutcome>, DbErr> {
         let _first = self.intake_first.writing();
         let txn = self.intake.begin().await?;
-        insert_arrivals(&txn, leads).await?;
-        let written = insert_leads(&txn, leads, rule).await?;
+        let written = if txn.get_database_backend() == DbBackend::Postgres {
+            log_and_insert_leads(&txn, leads, rule).await?
+        } else {
+            insert_arrivals(&txn, leads).await?;
+            insert_leads(&txn, leads, rule).await?
+        };
         txn.commit().await?;
         Ok(written.outcomes())
     }
@@ -237,21 +242,25 @@ impl Store {
 /// The intake log rows of a batch, in `txn`.
 async fn insert_arrivals(txn: &DatabaseTransaction, leads: &[NewLead]) -> Result<(), DbErr> {
     for chunk in small_statements(leads, |lead| lead.raw.len()) {
-        let rows = chunk.iter().map(|lead| intake_log::ActiveModel {
-            id: Set(crate::domain::new_id()),
-            lead_id: Set(lead.id.clone()),
-            source_id: Set(Some(lead.source_id.clone())),
-            content_type: Set(lead.raw_content_type.clone()),
-            remote_ip: Set(lead.remote_ip.clone()),
-            idempotency_key: Set(lead.idempotency_key.clone()),
-            body: Set(lead.raw.clone()),
-            received_at: Set(lead.received_at),
-        });
-        intake_log::Entity::insert_many(rows)
+        intake_log::Entity::insert_many(chunk.iter().map(log_row))
             .exec_without_returning(txn)
             .await?;
     }
     Ok(())
+}
+
+/// The intake log row of a lead: what arrived, as it arrived.
+fn log_row(lead: &NewLead) -> intake_log::ActiveModel {
+    intake_log::ActiveModel {
+        id: Set(crate::domain::new_id()),
+        lead_id: Set(lead.id.clone()),
+        source_id: Set(Some(lead.source_id.clone())),
+        content_type: Set(lead.raw_content_type.clone()),
+        remote_ip: Set(lead.remote_ip.clone()),
+        idempotency_key: Set(lead.idempotency_key.clone()),
+        body: Set(lead.raw.clone()),
+        received_at: Set(lead.received_at),
+    }
 }
 
 /// A batch's leads as inserted in a transaction not yet committed.
@@ -300,7 +309,59 @@ async fn insert_leads(
         .exec_without_returning(txn)
         .await?;
     }
-    let inserted: HashSet<String> = if written as usize == rows.len() {
+    settle_leads(txn, rows, written as usize, rule).await
+}
+
+/// PostgreSQL: each run of a batch's intake log rows, its leads and the
+/// values its stored leads claim go in one statement (`batch_statement`),
+/// three round trips per batch instead of five. What that statement could
+/// not take (a key or a value owned already) is settled as `insert_leads`
+/// settles it, in the same transaction.
+async fn log_and_insert_leads(
+    txn: &DatabaseTransaction,
+    leads: &[NewLead],
+    rule: &DuplicateRule,
+) -> Result<InsertedLeads, DbErr> {
+    let rows: Vec<lead::Model> = leads.iter().map(lead_row).collect();
+    let fresh: Vec<&lead::Model> = rows.iter().collect();
+    let plan = person::Plan::of(&fresh, rule);
+    let wanted = plan.wanted();
+    let mut taken = batch_statement::Taken::default();
+    let mut start = 0;
+    // Each run's log body, raw body and fields.
+    for run in small_statements(leads, |lead| lead.raw.len() * 3) {
+        let run_rows = &rows[start..start + run.len()];
+        start += run.len();
+        let ids: HashSet<&str> = run_rows.iter().map(|row| row.id.as_str()).collect();
+        let keys: Vec<_> = wanted
+            .iter()
+            .filter(|(_, row)| ids.contains(row.id.as_str()))
+            .copied()
+            .collect();
+        taken +=
+            batch_statement::log_store_and_claim(txn, run.iter().map(log_row), run_rows, &keys)
+                .await?;
+    }
+    if taken.leads != rows.len() || taken.keys != wanted.len() {
+        return settle_leads(txn, rows, taken.leads, rule).await;
+    }
+    let originals = person::mark_planned_duplicates(txn, plan).await?;
+    Ok(InsertedLeads {
+        outcomes: rows.into_iter().map(PersistOutcome::Inserted).collect(),
+        originals,
+    })
+}
+
+/// After `written` of the batch's `rows` were inserted in `txn`: keys taken
+/// already answer the lead they belong to, and same-person duplicates are
+/// marked.
+async fn settle_leads(
+    txn: &DatabaseTransaction,
+    rows: Vec<lead::Model>,
+    written: usize,
+    rule: &DuplicateRule,
+) -> Result<InsertedLeads, DbErr> {
+    let inserted: HashSet<String> = if written == rows.len() {
         rows.iter().map(|row| row.id.clone()).collect()
     } else {
         lead::Entity::find()

@@ -3,6 +3,7 @@
 
 mod at_most_every;
 mod attempt_writer;
+mod batch_statement;
 mod caps;
 mod deliveries;
 mod intake_first;
@@ -152,6 +153,15 @@ impl Store {
     /// True when the database answers.
     pub async fn is_reachable(&self) -> bool {
         self.db.ping().await.is_ok()
+    }
+
+    /// Intake batches that may be written at once: one on SQLite (one
+    /// writer), two on PostgreSQL (one commits while the next is sent).
+    pub fn intake_batches_at_once(&self) -> usize {
+        match self.intake.get_database_backend() {
+            sea_orm::DbBackend::Sqlite => 1,
+            _ => 2,
+        }
     }
 
     /// The thread for intake and the spool drainer (see `intake_thread`).

@@ -26,7 +26,8 @@ const KEYS_PER_STATEMENT: usize = 64;
 /// retries the lead on its own).
 const CLAIM_TRIES: usize = 3;
 
-type Key = (String, String);
+/// A duplicate-key value: its key's name and the value.
+pub(super) type Key = (String, String);
 
 /// Claims the values of the routable leads among `fresh` and makes those
 /// that prove duplicates `duplicate` rows; returns them with their originals.
@@ -35,8 +36,27 @@ pub(super) async fn mark_duplicates(
     fresh: &[&lead::Model],
     rule: &DuplicateRule,
 ) -> Result<HashMap<String, String>, DbErr> {
-    let originals = claim_keys(txn, fresh, rule).await?;
-    for (duplicate, original) in &originals {
+    let originals = claim_keys(txn, Plan::of(fresh, rule)).await?;
+    set_duplicates(txn, &originals).await?;
+    Ok(originals)
+}
+
+/// After the values `plan` wants were all taken (by intake's one statement
+/// on PostgreSQL): makes the batch's own duplicates `duplicate` rows.
+pub(super) async fn mark_planned_duplicates(
+    txn: &impl ConnectionTrait,
+    plan: Plan<'_>,
+) -> Result<HashMap<String, String>, DbErr> {
+    let originals = resolve(plan.originals);
+    set_duplicates(txn, &originals).await?;
+    Ok(originals)
+}
+
+async fn set_duplicates(
+    txn: &impl ConnectionTrait,
+    originals: &HashMap<String, String>,
+) -> Result<(), DbErr> {
+    for (duplicate, original) in originals {
         lead::Entity::update_many()
             .col_expr(
                 lead::Column::State,
@@ -47,44 +67,69 @@ pub(super) async fn mark_duplicates(
             .exec(txn)
             .await?;
     }
-    Ok(originals)
+    Ok(())
 }
 
-/// Claims the values of the routable leads among `fresh` (in batch order);
-/// returns each lead that proved a duplicate with the lead it duplicates.
+/// The values a batch's routable leads claim, decided within the batch
+/// before the database is asked: the first lead with a value is its
+/// claimant; a later one sharing a value duplicates it and claims nothing.
+pub(super) struct Plan<'a> {
+    rule: &'a DuplicateRule,
+    /// Leads that duplicate an earlier lead of the batch.
+    originals: HashMap<String, String>,
+    /// Each claimant with its values.
+    candidates: Vec<(&'a lead::Model, Vec<Key>)>,
+}
+
+impl<'a> Plan<'a> {
+    pub(super) fn of(fresh: &[&'a lead::Model], rule: &'a DuplicateRule) -> Self {
+        let mut originals = HashMap::new();
+        let mut claimant: HashMap<Key, String> = HashMap::new();
+        let mut candidates = Vec::new();
+        for row in fresh.iter().filter(|row| is_matchable(row)) {
+            let keys = keys_of(row, rule);
+            if let Some(first) = keys.iter().find_map(|key| claimant.get(key)) {
+                originals.insert(row.id.clone(), first.clone());
+                continue;
+            }
+            for key in &keys {
+                claimant.insert(key.clone(), row.id.clone());
+            }
+            if !keys.is_empty() {
+                candidates.push((*row, keys));
+            }
+        }
+        Self {
+            rule,
+            originals,
+            candidates,
+        }
+    }
+
+    /// Every value wanted with its claimant, sorted so that concurrent
+    /// writers lock them in the same order.
+    pub(super) fn wanted(&self) -> Vec<(&Key, &'a lead::Model)> {
+        let mut wanted: Vec<(&Key, &lead::Model)> = self
+            .candidates
+            .iter()
+            .flat_map(|(row, keys)| keys.iter().map(move |key| (key, *row)))
+            .collect();
+        wanted.sort_by(|a, b| a.0.cmp(b.0));
+        wanted
+    }
+}
+
+/// Claims the values `plan` wants; returns each lead that proved a
+/// duplicate with the lead it duplicates.
 async fn claim_keys(
     txn: &impl ConnectionTrait,
-    fresh: &[&lead::Model],
-    rule: &DuplicateRule,
+    plan: Plan<'_>,
 ) -> Result<HashMap<String, String>, DbErr> {
-    let mut originals = HashMap::new();
-    // Within the batch the first lead with a value is its claimant; a later
-    // one sharing a value duplicates it and claims nothing.
-    let mut claimant: HashMap<Key, String> = HashMap::new();
-    let mut candidates = Vec::new();
-    for row in fresh.iter().filter(|row| is_matchable(row)) {
-        let keys = keys_of(row, rule);
-        if let Some(first) = keys.iter().find_map(|key| claimant.get(key)) {
-            originals.insert(row.id.clone(), first.clone());
-            continue;
-        }
-        for key in &keys {
-            claimant.insert(key.clone(), row.id.clone());
-        }
-        if !keys.is_empty() {
-            candidates.push((*row, keys));
-        }
+    if plan.candidates.is_empty() {
+        return Ok(plan.originals);
     }
-    if candidates.is_empty() {
-        return Ok(originals);
-    }
-    // The fast path, one person new to us: insert every value, sorted so
-    // that concurrent writers lock them in the same order.
-    let mut wanted: Vec<(&Key, &lead::Model)> = candidates
-        .iter()
-        .flat_map(|(row, keys)| keys.iter().map(move |key| (key, *row)))
-        .collect();
-    wanted.sort_by(|a, b| a.0.cmp(b.0));
+    // The fast path, one person new to us: insert every value.
+    let wanted = plan.wanted();
     let mut inserted = 0;
     for chunk in wanted.chunks(KEYS_PER_STATEMENT) {
         let rows = chunk
@@ -93,12 +138,13 @@ async fn claim_keys(
         inserted += insert_unowned(txn, rows).await?;
     }
     if inserted as usize == wanted.len() {
-        return Ok(resolve(originals));
+        return Ok(resolve(plan.originals));
     }
     // Some values were taken: settle each candidate value by value.
     let mut owners = owners_of(txn, wanted.iter().map(|(key, _)| *key)).await?;
-    for (row, keys) in &candidates {
-        let cutoff = window_start(row.received_at, rule);
+    let mut originals = plan.originals;
+    for (row, keys) in &plan.candidates {
+        let cutoff = window_start(row.received_at, plan.rule);
         for key in keys {
             match claim_one(txn, key, row, cutoff, owners.remove(key)).await? {
                 Claim::Ours => {}

@@ -17,6 +17,7 @@ mod distribution;
 mod form_helper;
 mod group_commit;
 mod intake;
+mod intake_batches;
 mod notify;
 mod reads;
 mod recovery;

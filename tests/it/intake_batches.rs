@@ -1,0 +1,203 @@
+//! Intake's batch write (on PostgreSQL one statement for a batch's log
+//! rows, leads and person keys): a batch mixing a replay, same-person
+//! duplicates of a stored lead and of each other, and new people is
+//! answered and stored as if each lead had been written alone. On
+//! PostgreSQL a second batch is written beside a first only once enough
+//! leads wait to fill it.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use entity::{intake_log, person_key};
+use futures_util::future::join_all;
+use leadrouter::store::{DuplicateRule, NewLead, PersistOutcome};
+use sea_orm::EntityTrait;
+use serde_json::json;
+
+use crate::helpers::{
+    database_url_of, one_value, open_store, spawn_app, wait_until, Backend, TestApp, TestDatabase,
+};
+use crate::on_both_databases;
+
+on_both_databases!(a_mixed_batch_is_answered_and_stored_as_if_each_lead_came_alone);
+
+/// Leads that must wait before a second batch starts (the intake actor's
+/// `SECOND_BATCH_FROM`).
+const SECOND_BATCH_FROM: usize = 16;
+
+async fn a_mixed_batch_is_answered_and_stored_as_if_each_lead_came_alone(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
+    let store = open_store(&database.url).await;
+    store.migrate().await.unwrap();
+    let rule = DuplicateRule {
+        window: Duration::from_secs(3600),
+        keys: vec!["email".into()],
+    };
+    let stored = lead("k-stored", "ann@example.com");
+    let first = store
+        .log_and_persist_leads(std::slice::from_ref(&stored), &rule)
+        .await
+        .unwrap();
+    assert!(matches!(&first[0], PersistOutcome::Inserted(row) if row.state == "received"));
+
+    let batch = [
+        // A replay of the stored lead's key, with a new person's e-mail:
+        // it is the stored lead, and claims nothing.
+        lead("k-stored", "bob@example.com"),
+        // Bob's first lead: the replay above never counts as his.
+        lead("k-bob", "bob@example.com"),
+        // Ann again: a duplicate of the lead stored before.
+        lead("k-ann-again", "ann@example.com"),
+        // Cy, twice in the batch: the second duplicates the first.
+        lead("k-cy", "cy@example.com"),
+        lead("k-cy-again", "cy@example.com"),
+    ];
+    let outcomes = store.log_and_persist_leads(&batch, &rule).await.unwrap();
+    let answered: Vec<(&str, &str, Option<&str>)> = outcomes
+        .iter()
+        .map(|outcome| match outcome {
+            PersistOutcome::Inserted(row) => {
+                ("inserted", row.state.as_str(), row.duplicate_of.as_deref())
+            }
+            PersistOutcome::Existing(row) => ("existing", row.id.as_str(), None),
+        })
+        .collect();
+    assert_eq!(
+        answered,
+        [
+            ("existing", stored.id.as_str(), None),
+            ("inserted", "received", None),
+            ("inserted", "duplicate", Some(stored.id.as_str())),
+            ("inserted", "received", None),
+            ("inserted", "duplicate", Some(batch[3].id.as_str())),
+        ]
+    );
+
+    let owners: HashMap<String, String> = person_key::Entity::find()
+        .all(store.connection())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|key| (key.value, key.lead_id))
+        .collect();
+    assert_eq!(
+        owners,
+        HashMap::from([
+            ("ann@example.com".to_string(), stored.id.clone()),
+            ("bob@example.com".to_string(), batch[1].id.clone()),
+            ("cy@example.com".to_string(), batch[3].id.clone()),
+        ]),
+        "each person's value is owned by their routable lead, none by a replay's unstored id"
+    );
+    let mut logged: Vec<String> = intake_log::Entity::find()
+        .all(store.connection())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|row| row.lead_id)
+        .collect();
+    logged.sort();
+    let mut submitted: Vec<String> = std::iter::once(&stored)
+        .chain(&batch)
+        .map(|lead| lead.id.clone())
+        .collect();
+    submitted.sort();
+    assert_eq!(logged, submitted, "every submission has its intake log row");
+}
+
+fn lead(key: &str, email: &str) -> NewLead {
+    let fields = json!({"email": email});
+    NewLead {
+        id: leadrouter::domain::new_id(),
+        source_id: "website".into(),
+        idempotency_key: Some(key.into()),
+        external_id: None,
+        raw: serde_json::to_vec(&fields).unwrap(),
+        raw_content_type: "application/json".into(),
+        remote_ip: None,
+        fields: fields.as_object().unwrap().clone(),
+        attribution: serde_json::Map::new(),
+        is_test: false,
+        errors: Vec::new(),
+        received_at: chrono::Utc::now(),
+        accept_on_store: true,
+    }
+}
+
+/// PostgreSQL: while intake's batch waits for the database (another
+/// connection holds the leads table), fewer than 16 leads waiting start no
+/// second batch; 16 or more do, and never a third; once the table is free
+/// every lead is accepted.
+#[actix_web::test]
+async fn a_second_batch_starts_beside_a_waiting_one_once_sixteen_leads_wait() {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+
+    let app = spawn_app(Backend::Postgres).await;
+    let blocker = sea_orm::Database::connect(database_url_of(&app).as_str())
+        .await
+        .unwrap();
+    let hold = blocker.begin().await.unwrap();
+    hold.execute_unprepared("LOCK TABLE leads IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let batches_waiting = || {
+        one_value::<i64>(
+            &blocker,
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock' AND query LIKE 'WITH \"logged\"%'",
+        )
+    };
+    let post = |n: usize| {
+        app.post_feed_lead_owned(
+            json!({"email": format!("p{n}@example.com"), "lead_id": format!("p{n}")}),
+        )
+    };
+    let first = post(0);
+    let short_of_a_batch = async {
+        wait_until(
+            "the first batch waiting",
+            Duration::from_secs(20),
+            || async { batches_waiting().await == 1 },
+        )
+        .await;
+        join_all((1..SECOND_BATCH_FROM).map(post)).await
+    };
+    let enough_for_a_batch = async {
+        wait_for_pending(&app, SECOND_BATCH_FROM).await;
+        assert_eq!(
+            batches_waiting().await,
+            1,
+            "15 leads waiting start no batch"
+        );
+        join_all((SECOND_BATCH_FROM..3 * SECOND_BATCH_FROM).map(post)).await
+    };
+    let release = async {
+        wait_until(
+            "the second batch waiting",
+            Duration::from_secs(20),
+            || async { batches_waiting().await == 2 },
+        )
+        .await;
+        wait_for_pending(&app, 3 * SECOND_BATCH_FROM).await;
+        assert_eq!(batches_waiting().await, 2, "never a third batch");
+        hold.rollback().await.unwrap();
+    };
+    let (first, short, enough, ()) =
+        futures_util::join!(first, short_of_a_batch, enough_for_a_batch, release);
+    for answer in std::iter::once(&first).chain(&short).chain(&enough) {
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.json()["acceptance"], "accepted");
+    }
+}
+
+/// Waits until intake has `count` leads waiting for their commit.
+async fn wait_for_pending(app: &TestApp, count: usize) {
+    let line = format!("leadrouter_intake_pending {count}\n");
+    wait_until(&line, Duration::from_secs(20), || async {
+        app.send(app.client.get(app.url("/metrics")), "")
+            .await
+            .text()
+            .contains(&line)
+    })
+    .await;
+}
