@@ -11,12 +11,10 @@ use std::ops::AddAssign;
 
 use entity::{intake_log, lead, person_key};
 use sea_orm::sea_query::{
-    Alias, CommonTableExpression, Expr, ExprTrait, IntoIden, OnConflict, Query, SelectStatement,
-    ValueTuple, WithClause,
+    Alias, CommonTableExpression, Expr, ExprTrait, IntoIden, Query, SelectStatement, ValueTuple,
+    WithClause,
 };
-use sea_orm::{
-    ConnectionTrait, DatabaseTransaction, DbErr, EntityTrait, IntoActiveModel, QueryTrait,
-};
+use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, EntityTrait, QueryTrait};
 
 use super::person::Key;
 
@@ -43,14 +41,7 @@ pub(super) async fn log_store_and_claim(
     keys: &[(&Key, &lead::Model)],
 ) -> Result<Taken, DbErr> {
     let logged = intake_log::Entity::insert_many(log_rows).into_query();
-    let mut stored =
-        lead::Entity::insert_many(rows.iter().cloned().map(IntoActiveModel::into_active_model))
-            .on_conflict(
-                OnConflict::columns([lead::Column::SourceId, lead::Column::IdempotencyKey])
-                    .do_nothing()
-                    .to_owned(),
-            )
-            .into_query();
+    let mut stored = super::leads::new_leads(rows).into_query();
     stored.returning_col(lead::Column::Id);
     let mut parts = WithClause::new();
     parts
@@ -75,11 +66,7 @@ pub(super) async fn log_store_and_claim(
             ])
             .select_from(wanted_of_stored(keys))
             .map_err(|error| DbErr::Custom(error.to_string()))?
-            .on_conflict(
-                OnConflict::columns([person_key::Column::Name, person_key::Column::Value])
-                    .do_nothing()
-                    .to_owned(),
-            )
+            .on_conflict(super::person::value_owned_already())
             .returning_col(person_key::Column::LeadId);
         parts.cte(part("claimed", claimed));
         counts.expr_as(

@@ -9,8 +9,8 @@ use entity::{attempt, intake_log, lead, lead_alias, sale};
 use sea_orm::sea_query::OnConflict;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, DbBackend,
-    DbErr, EntityTrait, IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
-    TransactionTrait,
+    DbErr, EntityTrait, InsertMany, IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder,
+    QuerySelect, TransactionTrait,
 };
 use serde_json::{Map, Value};
 
@@ -295,21 +295,19 @@ async fn insert_leads(
     let rows: Vec<lead::Model> = leads.iter().map(lead_row).collect();
     let mut written = 0;
     for chunk in small_statements(&rows, |row| row.raw.len() * 2) {
-        written += lead::Entity::insert_many(
-            chunk
-                .iter()
-                .cloned()
-                .map(IntoActiveModel::into_active_model),
-        )
+        written += new_leads(chunk).exec_without_returning(txn).await?;
+    }
+    settle_leads(txn, rows, written as usize, rule).await
+}
+
+/// The INSERT of lead rows, a (source, key) pair taken already skipped.
+pub(super) fn new_leads(rows: &[lead::Model]) -> InsertMany<lead::ActiveModel> {
+    lead::Entity::insert_many(rows.iter().cloned().map(IntoActiveModel::into_active_model))
         .on_conflict(
             OnConflict::columns([lead::Column::SourceId, lead::Column::IdempotencyKey])
                 .do_nothing()
                 .to_owned(),
         )
-        .exec_without_returning(txn)
-        .await?;
-    }
-    settle_leads(txn, rows, written as usize, rule).await
 }
 
 /// PostgreSQL: each run of a batch's intake log rows, its leads and the

@@ -219,13 +219,16 @@ async fn insert_unowned(
     rows: impl IntoIterator<Item = person_key::ActiveModel>,
 ) -> Result<u64, DbErr> {
     person_key::Entity::insert_many(rows)
-        .on_conflict(
-            OnConflict::columns([person_key::Column::Name, person_key::Column::Value])
-                .do_nothing()
-                .to_owned(),
-        )
+        .on_conflict(value_owned_already())
         .exec_without_returning(txn)
         .await
+}
+
+/// A value someone owns already is skipped, not an error.
+pub(super) fn value_owned_already() -> OnConflict {
+    OnConflict::columns([person_key::Column::Name, person_key::Column::Value])
+        .do_nothing()
+        .to_owned()
 }
 
 /// The owners of these values now.
