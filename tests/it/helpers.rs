@@ -360,6 +360,34 @@ where
     }
 }
 
+/// A transaction of another connection that keeps intake from writing
+/// leads until it is rolled back.
+pub async fn hold_the_leads_table(app: &TestApp, backend: Backend) -> sea_orm::DatabaseTransaction {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+
+    let url = database_url_of(app);
+    let blocker = sea_orm::Database::connect(url.as_str()).await.unwrap();
+    let hold = blocker.begin().await.unwrap();
+    let lock = match backend {
+        Backend::Sqlite => "CREATE TABLE test_write_lock (x INTEGER)",
+        Backend::Postgres => "LOCK TABLE leads IN EXCLUSIVE MODE",
+    };
+    hold.execute_unprepared(lock).await.unwrap();
+    hold
+}
+
+/// Waits until intake has `count` leads waiting for their commit.
+pub async fn wait_for_pending(app: &TestApp, count: usize) {
+    let line = format!("leadrouter_intake_pending {count}\n");
+    wait_until(&line, Duration::from_secs(20), || async {
+        app.send(app.client.get(app.url("/metrics")), "")
+            .await
+            .text()
+            .contains(&line)
+    })
+    .await;
+}
+
 /// `count` valid leads of the `website` source, stored (in `received`)
 /// without the router being told: a sweep finds them.
 pub async fn stored_leads(store: &Store, count: usize) -> Vec<leadrouter::domain::LeadId> {

@@ -7,7 +7,10 @@ use serde_json::{json, Value};
 
 use std::time::Duration;
 
-use crate::helpers::{spawn_app, spawn_app_with, wait_until, Backend, TestApp, PARTNER_KEY};
+use crate::helpers::{
+    hold_the_leads_table, spawn_app, spawn_app_with, wait_for_pending, wait_until, Backend,
+    TestApp, PARTNER_KEY,
+};
 use crate::on_both_databases;
 
 on_both_databases!(
@@ -133,13 +136,7 @@ async fn a_lead_the_database_refuses_fails_alone_and_keeps_its_log_row(backend: 
         .collect();
     let sent = join_all(keys.iter().map(|key| post_keyed(&app, key)));
     let release = async {
-        wait_until("twelve leads waiting", Duration::from_secs(20), || async {
-            app.send(app.client.get(app.url("/metrics")), "")
-                .await
-                .text()
-                .contains("leadrouter_intake_pending 12")
-        })
-        .await;
+        wait_for_pending(&app, 12).await;
         hold.rollback().await.unwrap();
     };
     let (answers, ()) = futures_util::join!(sent, release);
@@ -179,22 +176,6 @@ async fn post_keyed(app: &TestApp, key: &str) -> crate::helpers::Answer {
         .insert_header(("Idempotency-Key", key));
     let body = serde_json::to_vec(&json!({"email": format!("{key}@example.com")})).unwrap();
     app.send(request, body).await
-}
-
-/// A transaction of another connection that keeps intake from writing
-/// leads until it is rolled back.
-async fn hold_the_leads_table(app: &TestApp, backend: Backend) -> sea_orm::DatabaseTransaction {
-    use sea_orm::TransactionTrait;
-
-    let url = crate::helpers::database_url_of(app);
-    let blocker = sea_orm::Database::connect(url.as_str()).await.unwrap();
-    let hold = blocker.begin().await.unwrap();
-    let lock = match backend {
-        Backend::Sqlite => "CREATE TABLE test_write_lock (x INTEGER)",
-        Backend::Postgres => "LOCK TABLE leads IN EXCLUSIVE MODE",
-    };
-    hold.execute_unprepared(lock).await.unwrap();
-    hold
 }
 
 async fn raw_bytes_come_back_byte_for_byte(backend: Backend) {
@@ -788,17 +769,7 @@ async fn over_max_pending_intake_answers_503_with_retry_after_and_keeps_nothing(
     let keyed = |key: &'static str| post_keyed(&app, key);
     let waiting = join_all(["full-1", "full-2", "full-3"].map(keyed));
     let overflow = async {
-        wait_until(
-            "three leads waiting for their commit",
-            Duration::from_secs(20),
-            || async {
-                app.send(app.client.get(app.url("/metrics")), "")
-                    .await
-                    .text()
-                    .contains("leadrouter_intake_pending 3")
-            },
-        )
-        .await;
+        wait_for_pending(&app, 3).await;
         let refused = keyed("full-4").await;
         hold.rollback().await.unwrap();
         refused

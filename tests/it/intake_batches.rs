@@ -15,7 +15,8 @@ use sea_orm::EntityTrait;
 use serde_json::json;
 
 use crate::helpers::{
-    database_url_of, one_value, open_store, spawn_app, wait_until, Backend, TestApp, TestDatabase,
+    database_url_of, hold_the_leads_table, one_value, open_store, spawn_app, wait_for_pending,
+    wait_until, Backend, TestDatabase,
 };
 use crate::on_both_databases;
 
@@ -130,19 +131,15 @@ fn lead(key: &str, email: &str) -> NewLead {
 /// every lead is accepted.
 #[actix_web::test]
 async fn a_second_batch_starts_beside_a_waiting_one_once_sixteen_leads_wait() {
-    use sea_orm::{ConnectionTrait, TransactionTrait};
-
     let app = spawn_app(Backend::Postgres).await;
-    let blocker = sea_orm::Database::connect(database_url_of(&app).as_str())
-        .await
-        .unwrap();
-    let hold = blocker.begin().await.unwrap();
-    hold.execute_unprepared("LOCK TABLE leads IN EXCLUSIVE MODE")
+    let hold = hold_the_leads_table(&app, Backend::Postgres).await;
+    // Another connection: a transaction sees one snapshot of pg_stat_activity.
+    let observer = sea_orm::Database::connect(database_url_of(&app).as_str())
         .await
         .unwrap();
     let batches_waiting = || {
         one_value::<i64>(
-            &blocker,
+            &observer,
             "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
              AND wait_event_type = 'Lock' AND query LIKE 'WITH \"logged\"%'",
         )
@@ -188,16 +185,4 @@ async fn a_second_batch_starts_beside_a_waiting_one_once_sixteen_leads_wait() {
         assert_eq!(answer.status, 200, "{}", answer.text());
         assert_eq!(answer.json()["acceptance"], "accepted");
     }
-}
-
-/// Waits until intake has `count` leads waiting for their commit.
-async fn wait_for_pending(app: &TestApp, count: usize) {
-    let line = format!("leadrouter_intake_pending {count}\n");
-    wait_until(&line, Duration::from_secs(20), || async {
-        app.send(app.client.get(app.url("/metrics")), "")
-            .await
-            .text()
-            .contains(&line)
-    })
-    .await;
 }
