@@ -85,7 +85,7 @@ fn run(backend: Backend, bench: &Settings) {
     );
     let url = format!("{}/v1/leads?source=bench", service.base());
 
-    let cpu = CpuUse::start(&service);
+    let cpu = CpuUse::start(&service, &[]);
     let closed = System::new()
         .block_on(closed_loop(&url, bench.clients, bench.seconds))
         .accounted("closed loop");
@@ -99,7 +99,7 @@ fn run(backend: Backend, bench: &Settings) {
     );
     println!(
         "                            {}",
-        cpu.per_lead(&service, closed.acknowledged)
+        cpu.per_lead(&service, &[], closed.acknowledged)
     );
 
     // Alone means alone: the closed loop's leads are routed first (no
@@ -194,7 +194,7 @@ fn routing_phase(backend: Backend, bench: &Settings) -> (support::LoadResult, f6
     );
     let url = format!("{}/v1/leads?source=bench", service.base());
     let status = format!("{}/v1/status", service.base());
-    let cpu = CpuUse::start(&service);
+    let cpu = CpuUse::start(&service, &[]);
     let histogram = System::new().block_on(intake_histogram(&service.base()));
     let load = System::new().block_on(async {
         let polling = Rc::new(Cell::new(true));
@@ -213,7 +213,7 @@ fn routing_phase(backend: Backend, bench: &Settings) -> (support::LoadResult, f6
     });
     println!(
         "                            with routing: {}",
-        cpu.per_lead(&service, load.acknowledged)
+        cpu.per_lead(&service, &[], load.acknowledged)
     );
     let in_service = p99_bound_ms(
         &histogram,

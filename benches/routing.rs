@@ -2,7 +2,9 @@
 //! three `leadrouter mock-buyer` processes, against an intake-only run of
 //! the same binary measured in the same run. Reports routed leads/s (over
 //! the whole run, and from the last lead acknowledged on, when routing no
-//! longer yields to intake) beside the buyer-bound limit, the
+//! longer yields to intake) beside the buyer-bound limit and the
+//! machine-bound limit (two cores over the CPU every process spent per
+//! lead: service, PostgreSQL, mock buyers, load generator), the
 //! server's CPU time per outbound call, and intake latency with healthy and
 //! with hanging buyers; then the same buyers sold to by auction, against the
 //! waterfall run (leads/s, median time from arrival to sale, calls per lead).
@@ -27,7 +29,8 @@ use leadrouter::store::Store;
 use scratch_db::{Backend, TestDatabase};
 use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter, QuerySelect};
 use support::{
-    bases, buyers_toml, env_u64, machine_busy_ms, mock_buyer, serve, submit_count, LoadResult,
+    bases, buyers_toml, env_u64, mock_buyer, serve, submit_count, CpuPerLead, CpuUse, LoadResult,
+    Process,
 };
 
 /// Each mock buyer's slots (`support::buyers_toml` gives each 64).
@@ -55,19 +58,12 @@ fn main() {
         mock_buyer(&["--hang"]),
     ];
 
-    let intake_only = run_phase(backend, "", "", leads, clients, false);
+    let intake_only = run_phase(backend, "", &[], leads, clients, false);
     println!(
         "intake only:      {:>7.0} leads/s acknowledged, p50 {:>5.2} ms, p99 {:>6.2} ms, server CPU {:>6.3} ms per lead",
         intake_only.load.rate, intake_only.load.p50_ms, intake_only.load.p99_ms, intake_only.cpu_ms / leads as f64
     );
-    let routed = run_phase(
-        backend,
-        "",
-        &buyers_toml(&bases(&healthy), ""),
-        leads,
-        clients,
-        true,
-    );
+    let routed = run_phase(backend, "", &healthy, leads, clients, true);
     let routing_cpu_ms = routed.cpu_ms - intake_only.cpu_ms;
     println!(
         "with 3 buyers:    {:>7.0} leads/s routed to a final state ({:.2}x the intake-only rate), {} outbound calls",
@@ -92,22 +88,20 @@ fn main() {
         routed.drain_rate,
         routed.drain_rate / buyer_bound
     );
+    let cpu = &routed.cpu_per_lead;
+    println!("                  {cpu} (from the first lead sent to the last final; time stolen by the hypervisor counts as busy)");
     println!(
-        "                  the machine meanwhile: {:.2} of 2 cores busy (time stolen by the hypervisor counts as busy)",
-        routed.cores_busy
+        "                  machine-bound limit {:>7.0} leads/s (2 cores / {:.3} ms of CPU per lead, all processes) = {:.2}x the buyer-bound limit; routed = {:.2}x the machine-bound limit",
+        cpu.machine_bound(),
+        cpu.all,
+        cpu.machine_bound() / buyer_bound,
+        routed.routed_rate / cpu.machine_bound()
     );
     println!(
         "intake latency:   healthy buyers p50 {:>5.2} ms p99 {:>6.2} ms",
         routed.load.p50_ms, routed.load.p99_ms
     );
-    let stalled = run_phase(
-        backend,
-        "",
-        &buyers_toml(&bases(&hanging), ""),
-        leads,
-        clients,
-        false,
-    );
+    let stalled = run_phase(backend, "", &hanging, leads, clients, false);
     println!(
         "                  hanging buyers p50 {:>5.2} ms p99 {:>6.2} ms ({:.2}x the healthy p99)",
         stalled.load.p50_ms,
@@ -117,7 +111,7 @@ fn main() {
     let auction = run_phase(
         backend,
         "mode = \"auction\"\nauction_window = \"500ms\"",
-        &buyers_toml(&bases(&healthy), ""),
+        &healthy,
         leads,
         clients,
         true,
@@ -147,8 +141,9 @@ struct Phase {
     drain_rate: f64,
     /// Calls to the buyer called most, per lead.
     busiest_per_lead: f64,
-    /// Cores busy, all processes, from the first lead sent to the last final.
-    cores_busy: f64,
+    /// CPU per lead by process, and cores busy, from the first lead sent
+    /// to the last final.
+    cpu_per_lead: CpuPerLead,
     calls: u64,
     cpu_ms: f64,
     sold: u64,
@@ -205,16 +200,18 @@ fn buyer_bound(latency_ms: f64, busiest_per_lead: f64) -> f64 {
     MOCK_SLOTS as f64 / (latency_ms / 1000.0) / busiest_per_lead
 }
 
-/// Runs `serve` on a fresh database, submits `leads`, and (if `wait`) waits
-/// until every lead is final. CPU is the server process's user + system time.
+/// Runs `serve` on a fresh database, selling to `buyers`, submits
+/// `leads`, and (if `wait`) waits until every lead is final. CPU is the
+/// server process's user + system time.
 fn run_phase(
     backend: Backend,
     routing: &str,
-    buyers: &str,
+    buyers: &[Process],
     leads: u64,
     clients: usize,
     wait: bool,
 ) -> Phase {
+    let buyers_config = buyers_toml(&bases(buyers), "");
     let database = System::new().block_on(TestDatabase::create(backend));
     let dir = tempfile::tempdir().unwrap();
     let server = serve(
@@ -222,11 +219,11 @@ fn run_phase(
         &database.url,
         &format!(
             "[routing]\nsweep_interval = \"1s\"\n{routing}\n\
-             [[sources]]\nid = \"bench\"\nkind = \"form\"\nrequired = [\"email\"]\n{buyers}"
+             [[sources]]\nid = \"bench\"\nkind = \"form\"\nrequired = [\"email\"]\n{buyers_config}"
         ),
     );
     let cpu_before = server.cpu_ms();
-    let machine_before = machine_busy_ms();
+    let cpu_use = CpuUse::start(&server, buyers);
     let url = format!("{}/v1/leads?source=bench", server.base());
     let started = Instant::now();
     let load = System::new().block_on(submit_count(&url, leads, clients));
@@ -235,9 +232,8 @@ fn run_phase(
     } else {
         Routed::default()
     };
+    let cpu_per_lead = cpu_use.per_lead(&server, buyers, leads as usize);
     let cpu_ms = server.cpu_ms() - cpu_before;
-    let cores_busy =
-        (machine_busy_ms() - machine_before) / started.elapsed().as_secs_f64() / 1000.0;
     drop(server);
     Phase {
         load,
@@ -245,7 +241,7 @@ fn run_phase(
         waiting_after_intake: routed.waiting_after_intake,
         drain_rate: routed.drain_rate,
         busiest_per_lead: routed.busiest_per_lead,
-        cores_busy,
+        cpu_per_lead,
         calls: routed.calls,
         cpu_ms,
         sold: routed.sold,

@@ -389,38 +389,89 @@ pub fn machine_busy_ms() -> f64 {
     (total - idle) * 10.0
 }
 
-/// CPU spent over one phase: by the service, by PostgreSQL, by the whole
-/// machine (the load generator and everything else is the difference).
+/// CPU spent over one phase: by the service, by PostgreSQL, by the mock
+/// buyers, by this process (the load generator), by the whole machine
+/// (everything else is the difference).
 pub struct CpuUse {
     service: f64,
     postgres: f64,
+    buyers: f64,
+    generator: f64,
     machine: f64,
     started: Instant,
 }
 
 impl CpuUse {
-    pub fn start(service: &Process) -> Self {
+    /// From now, with these mock buyers (none in an intake run).
+    pub fn start(service: &Process, buyers: &[Process]) -> Self {
         Self {
             service: service.cpu_ms(),
             postgres: postgres_cpu_ms(),
+            buyers: buyers_cpu_ms(buyers),
+            generator: cpu_ms(std::process::id()),
             machine: machine_busy_ms(),
             started: Instant::now(),
         }
     }
 
-    /// "CPU per lead: service …, PostgreSQL …, all processes …; cores busy …".
-    pub fn per_lead(&self, service: &Process, leads: usize) -> String {
+    /// CPU per lead since `start`, by process.
+    pub fn per_lead(&self, service: &Process, buyers: &[Process], leads: usize) -> CpuPerLead {
         let leads = leads.max(1) as f64;
         let wall = self.started.elapsed().as_secs_f64() * 1000.0;
         let machine = machine_busy_ms() - self.machine;
-        format!(
-            "CPU per lead: service {:.3} ms, PostgreSQL {:.3} ms, all processes {:.3} ms; {:.2} of 2 cores busy",
-            (service.cpu_ms() - self.service) / leads,
-            (postgres_cpu_ms() - self.postgres) / leads,
-            machine / leads,
-            machine / wall
+        CpuPerLead {
+            service: (service.cpu_ms() - self.service) / leads,
+            postgres: (postgres_cpu_ms() - self.postgres) / leads,
+            buyers: (!buyers.is_empty()).then(|| (buyers_cpu_ms(buyers) - self.buyers) / leads),
+            generator: (cpu_ms(std::process::id()) - self.generator) / leads,
+            all: machine / leads,
+            cores_busy: machine / wall,
+        }
+    }
+}
+
+/// CPU per lead (ms), by process, and the cores busy meanwhile.
+pub struct CpuPerLead {
+    pub service: f64,
+    pub postgres: f64,
+    /// The mock buyers', when there were any.
+    pub buyers: Option<f64>,
+    /// This process's: the load generator.
+    pub generator: f64,
+    /// Every process's, the machine's busy time.
+    pub all: f64,
+    pub cores_busy: f64,
+}
+
+impl CpuPerLead {
+    /// The leads/s the machine's two cores allow at this CPU per lead.
+    pub fn machine_bound(&self) -> f64 {
+        2000.0 / self.all
+    }
+}
+
+impl std::fmt::Display for CpuPerLead {
+    /// "CPU per lead: service …, PostgreSQL …, [mock buyers …,] load
+    /// generator …, all processes …; cores busy …".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CPU per lead: service {:.3} ms, PostgreSQL {:.3} ms, ",
+            self.service, self.postgres
+        )?;
+        if let Some(buyers) = self.buyers {
+            write!(f, "mock buyers {buyers:.3} ms, ")?;
+        }
+        write!(
+            f,
+            "load generator {:.3} ms, all processes {:.3} ms; {:.2} of 2 cores busy",
+            self.generator, self.all, self.cores_busy
         )
     }
+}
+
+fn buyers_cpu_ms(buyers: &[Process]) -> f64 {
+    buyers.iter().map(Process::cpu_ms).sum()
 }
 
 /// The service's own intake latency histogram (`leadrouter_intake_seconds`,
