@@ -19,8 +19,16 @@ pub struct Percentiles {
 
 #[derive(Debug, Default)]
 pub struct Latencies {
-    ping: VecDeque<u64>,
-    post: VecDeque<u64>,
+    ping: Window,
+    post: Window,
+}
+
+/// One kind's recent calls and their percentiles, taken when a call is
+/// recorded: the status is published far more often than calls end.
+#[derive(Debug, Default)]
+struct Window {
+    calls: VecDeque<u64>,
+    percentiles: Option<Percentiles>,
 }
 
 impl Latencies {
@@ -29,28 +37,25 @@ impl Latencies {
             CallKind::Ping => &mut self.ping,
             CallKind::Post => &mut self.post,
         };
-        if window.len() == WINDOW {
-            window.pop_front();
+        if window.calls.len() == WINDOW {
+            window.calls.pop_front();
         }
-        window.push_back(took.as_millis() as u64);
+        window.calls.push_back(took.as_millis() as u64);
+        let mut sorted: Vec<u64> = window.calls.iter().copied().collect();
+        sorted.sort_unstable();
+        let at = |share: f64| sorted[((sorted.len() - 1) as f64 * share).round() as usize];
+        window.percentiles = Some(Percentiles {
+            p50_ms: at(0.5),
+            p95_ms: at(0.95),
+        });
     }
 
     /// p50 and p95 of the recent calls of `kind`; `None` before any.
     pub fn percentiles(&self, kind: CallKind) -> Option<Percentiles> {
-        let window = match kind {
-            CallKind::Ping => &self.ping,
-            CallKind::Post => &self.post,
-        };
-        if window.is_empty() {
-            return None;
+        match kind {
+            CallKind::Ping => self.ping.percentiles,
+            CallKind::Post => self.post.percentiles,
         }
-        let mut sorted: Vec<u64> = window.iter().copied().collect();
-        sorted.sort_unstable();
-        let at = |share: f64| sorted[((sorted.len() - 1) as f64 * share).round() as usize];
-        Some(Percentiles {
-            p50_ms: at(0.5),
-            p95_ms: at(0.95),
-        })
     }
 }
 
