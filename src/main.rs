@@ -8,6 +8,11 @@ use clap::{Parser, Subcommand};
 use leadrouter::config::{self, DEFAULT_CONFIG_PATH};
 use leadrouter::startup::Application;
 
+/// mimalloc: glibc's malloc and free were a quarter of the service's CPU
+/// while routing.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "leadrouter",
