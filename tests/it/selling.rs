@@ -565,6 +565,14 @@ async fn a_poison_lead_is_set_aside_while_other_leads_keep_selling(backend: Back
         view["why"].as_str().unwrap().contains("set aside"),
         "{view}"
     );
+    let status = app
+        .send(app.client.get(app.url("/v1/status")), "")
+        .await
+        .json();
+    assert_eq!(
+        status["review"]["pending"], 1,
+        "the set-aside lead counts in the review backlog: {status}"
+    );
     let alerts = alert::Entity::find()
         .filter(alert::Column::Kind.eq("routing_failed"))
         .all(app.store.connection())
