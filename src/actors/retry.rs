@@ -4,8 +4,9 @@
 //! replayed through the buyer's actor as a new row with `retry_of`, and the
 //! call follows the routing table: an accepted post is the sale (committed
 //! with its answer, never a second one), a timed-out post leaves the lead
-//! `unknown` with an alert, an answer that could not be recorded leaves the
-//! lead to be routed again from its history.
+//! `unknown` with an alert, an answer that could not be recorded (or a
+//! buyer actor that crashed during the call) leaves the lead to be routed
+//! again from its history.
 
 use std::sync::Arc;
 
@@ -225,11 +226,22 @@ pub async fn replay(routing: &RoutingContext, held: Held) -> Result<attempt::Mod
             Some(LeadState::Received),
             Some("the buyer answered, but the answer could not be recorded".to_string()),
         ),
-        Ok(Offered::NotRecorded | Offered::Fenced | Offered::Crashed) => (
+        // Nothing was written: the lead is as it was.
+        Ok(Offered::NotRecorded | Offered::Fenced) => (
             Some(held.previous),
-            Some("the retry could not be recorded or the buyer actor crashed".to_string()),
+            Some("the retry could not be recorded".to_string()),
         ),
-        Err(error) => (Some(held.previous), Some(format!("buyer actor: {error}"))),
+        // The actor went down, perhaps after the row was written and the
+        // call sent: routed again, the lead's history settles a call left
+        // in flight (a post as a timeout: `unknown`, never re-sent).
+        Ok(Offered::Crashed) => (
+            Some(LeadState::Received),
+            Some("the buyer actor crashed during the retry".to_string()),
+        ),
+        Err(error) => (
+            Some(LeadState::Received),
+            Some(format!("buyer actor: {error}")),
+        ),
     };
     if let Some(state) = end {
         let release = HeldLead {

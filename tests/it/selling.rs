@@ -28,6 +28,7 @@ on_both_databases!(
     a_post_row_the_database_refuses_is_never_sent_and_its_ping_is_kept,
     a_client_that_drops_its_retry_still_gets_the_sale_recorded,
     a_retried_post_that_times_out_leaves_the_lead_unknown_with_an_alert,
+    a_retried_post_whose_buyer_actor_crashes_leaves_the_lead_unknown_not_unsold,
     one_person_submitted_at_once_under_many_keys_is_one_routable_lead,
     a_half_open_probe_lost_to_a_panic_does_not_keep_the_circuit_half_open,
     a_poison_lead_is_set_aside_while_other_leads_keep_selling,
@@ -394,6 +395,46 @@ async fn a_retried_post_that_times_out_leaves_the_lead_unknown_with_an_alert(bac
     // Never re-sent: the sweep leaves an unknown lead alone.
     actix_web::rt::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(buyer.calls("post").len(), 2);
+}
+
+/// The retried post's row is written, then the buyer actor panics (an
+/// injected fault on a second instance): the post may have gone out, so
+/// the lead may not go back to `unsold` with it still in flight (its cap
+/// slot held for ever, and a sale to another buyer possible).
+async fn a_retried_post_whose_buyer_actor_crashes_leaves_the_lead_unknown_not_unsold(
+    backend: Backend,
+) {
+    let buyer = TestBuyer::start(accept(), Answer::Reject);
+    let buyers = BuyerConfig::new("acme", 1).toml(&buyer.base);
+    let app = spawn_app_with(backend, &buyers).await;
+    let id = app.submit(json!({"email": "crash@example.com"})).await;
+    let post = post_of(&app.wait_for_state(&id, "unsold").await);
+
+    let faulty = spawn_instance_of(
+        &app,
+        &format!("{buyers}\n[faults]\nbuyer_panics = {{ acme = 1 }}\n"),
+        |_| {},
+    )
+    .await;
+    let retried = faulty
+        .admin_send("POST", &format!("/v1/attempts/{post}/retry"), json!({}))
+        .await;
+    assert_eq!(retried.status, 503, "{}", retried.text());
+
+    let view = app.wait_for_state(&id, "unknown").await;
+    let attempts = view["attempts"].as_array().unwrap();
+    let retry = attempts
+        .iter()
+        .find(|attempt| attempt["retry_of"] == post.as_str())
+        .expect("the retry's row was written");
+    assert_eq!(retry["outcome"], "timeout", "{view}");
+    assert!(
+        attempts
+            .iter()
+            .all(|attempt| attempt["outcome"] != "in_flight"),
+        "{view}"
+    );
+    assert_eq!(buyer.calls("post").len(), 1, "nothing re-sent");
 }
 
 async fn one_person_submitted_at_once_under_many_keys_is_one_routable_lead(backend: Backend) {
