@@ -167,7 +167,11 @@ fn explain(row: &lead::Model, sale: Option<&sale::Model>, attempts: &[attempt::M
                 }
             }
             if last_by_buyer.is_empty() {
-                return "no buyer was eligible".into();
+                return if row.history_from.is_some() {
+                    "settled unsold by an operator (returned, or resolved not sold); reroute it to offer it again".into()
+                } else {
+                    "no buyer was eligible".into()
+                };
             }
             let each: Vec<String> = last_by_buyer
                 .into_iter()

@@ -171,7 +171,12 @@ impl Store {
     }
 
     /// Settles an `unknown` lead by hand: sold to `buyer_id` (a sale row,
-    /// tied to that buyer's unanswered post) or not sold (`unsold`).
+    /// tied to that buyer's unanswered post) or not sold (`unsold`). Not
+    /// sold, it is the operator's from then on, as a returned lead is: a
+    /// new history begins, so no re-offer to a buyer that recovers puts it
+    /// back to be routed, where the old unanswered post would make it
+    /// `unknown` again (undoing the operator's word, and giving back the
+    /// post's cap slot a second time at the next resolve).
     pub async fn resolve_unknown_lead(
         &self,
         lead_id: &str,
@@ -183,10 +188,13 @@ impl Store {
         } else {
             LeadState::Unsold
         };
-        let changed = transition(lead_id, &[LeadState::Unknown.as_str()], state.as_str())
-            .exec(&txn)
-            .await?
-            .rows_affected;
+        let mut change = transition(lead_id, &[LeadState::Unknown.as_str()], state.as_str());
+        if !settlement.sold {
+            change = change
+                .col_expr(lead::Column::HistoryFrom, Expr::value(Utc::now()))
+                .col_expr(lead::Column::OfferTried, Expr::value(false));
+        }
+        let changed = change.exec(&txn).await?.rows_affected;
         if changed == 0 {
             drop(txn);
             return self

@@ -15,6 +15,7 @@ on_both_databases!(
     fixing_an_invalid_lead_routes_it_and_leaves_the_raw_bytes,
     reroute_skips_buyers_posted_to_unless_include_tried_and_never_sells_twice,
     resolve_settles_an_unknown_lead_once,
+    a_lead_resolved_not_sold_stays_unsold_when_a_buyer_it_failed_at_recovers,
     a_retry_after_a_reload_goes_to_the_url_of_the_snapshot,
     an_invalid_reload_keeps_the_running_configuration,
     a_reload_that_removes_a_buyer_stops_offering_it_leads,
@@ -198,6 +199,66 @@ async fn resolve_settles_an_unknown_lead_once(backend: Backend) {
         .await;
     assert_eq!(not_sold.json()["lead_state"], "unsold");
     assert_eq!(buyer.calls("post").len(), 2, "resolving sends nothing");
+}
+
+/// The walk failed at `flaky`, then `acme`'s post timed out: `unknown`.
+/// The operator resolves it not sold. When `flaky` answers again, its
+/// re-offer must not put the lead back to be routed: the old unanswered
+/// post would make it `unknown` again, and a second resolve would give
+/// back the post's cap slot twice.
+async fn a_lead_resolved_not_sold_stays_unsold_when_a_buyer_it_failed_at_recovers(
+    backend: Backend,
+) {
+    let flaky = TestBuyer::start(Answer::Status(500), Answer::Status(500));
+    let hanging = TestBuyer::start(accept(), Answer::Hang);
+    let buyers = format!(
+        "{}{}",
+        BuyerConfig::new("flaky", 0).toml(&flaky.base),
+        timing_out(&hanging)
+    );
+    let app = spawn_app_with(backend, &buyers).await;
+    let id = app.submit(json!({"email": "ann@example.com"})).await;
+    app.wait_for_state(&id, "unknown").await;
+    assert_eq!(flaky.calls("ping").len(), 1);
+
+    let resolved = app
+        .admin_send(
+            "POST",
+            &format!("/v1/leads/{id}/resolve"),
+            json!({"buyer_id": "acme", "sold": false}),
+        )
+        .await;
+    assert_eq!(
+        resolved.json()["lead_state"],
+        "unsold",
+        "{}",
+        resolved.text()
+    );
+
+    // What the router runs when `flaky` is seen answering again.
+    let now = chrono::Utc::now();
+    let requeued = app
+        .store
+        .requeue_for_buyer("flaky", now - chrono::Duration::hours(1), now, None, None)
+        .await
+        .unwrap();
+    assert_eq!(requeued, 0, "an operator's settlement is not re-offered");
+    let view = app.lead(&id).await;
+    assert_eq!(view["lead_state"], "unsold");
+    assert!(
+        view["why"]
+            .as_str()
+            .is_some_and(|text| text.contains("operator")),
+        "{view}"
+    );
+    let twice = app
+        .admin_send(
+            "POST",
+            &format!("/v1/leads/{id}/resolve"),
+            json!({"buyer_id": "acme", "sold": false}),
+        )
+        .await;
+    assert_eq!(twice.status, 409, "resolved once: {}", twice.text());
 }
 
 async fn a_retry_after_a_reload_goes_to_the_url_of_the_snapshot(backend: Backend) {
