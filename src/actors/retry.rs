@@ -201,7 +201,17 @@ pub async fn replay(routing: &RoutingContext, held: Held) -> Result<attempt::Mod
         })
         .await;
     let (end, failure) = match &offered {
-        Ok(Offered::Sold(_)) => (None, None),
+        Ok(Offered::Sold(_)) => {
+            // Earlier posts of the lead to this buyer that got no answer
+            // kept their cap slots in case they sold: this sale holds its own.
+            let released = store
+                .release_unanswered_posts(&lead_id, &held.original.buyer_id)
+                .await;
+            if let Err(error) = released {
+                tracing::error!(%error, %lead_id, "cap slots of unanswered posts not given back");
+            }
+            (None, None)
+        }
         Ok(Offered::Called(report))
             if held.kind == CallKind::Post && report.outcome == CallOutcome::Timeout =>
         {

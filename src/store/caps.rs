@@ -3,7 +3,10 @@
 //! per buyer and UTC hour, day or month) with a conditional upsert, in the
 //! same commit as its attempt row. A rejected or failed post gives its
 //! slots back with its answer; a sale, a timed-out post (it may have sold)
-//! and an interrupted one keep them. So caps hold exactly, with any number
+//! and an interrupted one keep them, until an operator decides the lead: a
+//! resolve keeps one slot for the sale it records and gives the other
+//! unanswered posts' back, and a retried post that sells gives back those
+//! of the earlier unanswered posts. So caps hold exactly, with any number
 //! of leads in flight on any number of instances.
 
 use chrono::{DateTime, Datelike, Timelike, Utc};

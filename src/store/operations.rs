@@ -8,13 +8,13 @@ use chrono::Utc;
 use entity::{alert, attempt, lead, sale};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, DbErr, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect, SqlErr, TransactionTrait,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, SqlErr, TransactionTrait,
 };
 use serde_json::{Map, Value};
 
 use super::{caps, person, DuplicateRule, Store};
-use crate::domain::{new_id, AttemptKind, FieldError, LeadState};
+use crate::domain::{new_id, AttemptKind, AttemptOutcome, CallOutcome, FieldError, LeadState};
 
 /// Why an operator's change was not made.
 #[derive(Debug, thiserror::Error)]
@@ -194,6 +194,10 @@ impl Store {
                 .col_expr(lead::Column::HistoryFrom, Expr::value(Utc::now()))
                 .col_expr(lead::Column::OfferTried, Expr::value(false));
         }
+        let history_from = lead::Entity::find_by_id(lead_id)
+            .one(&txn)
+            .await?
+            .and_then(|row| row.history_from);
         let changed = change.exec(&txn).await?.rows_affected;
         if changed == 0 {
             drop(txn);
@@ -201,24 +205,21 @@ impl Store {
                 .after_change(lead_id, 0, "only an unknown lead can be resolved")
                 .await;
         }
-        let post = attempt::Entity::find()
-            .filter(attempt::Column::LeadId.eq(lead_id))
-            .filter(attempt::Column::BuyerId.eq(settlement.buyer_id))
-            .filter(attempt::Column::Kind.eq(AttemptKind::POST.as_str()))
-            .order_by_desc(attempt::Column::StartedAt)
-            .one(&txn)
-            .await?;
-        if !settlement.sold {
-            // The unanswered post kept its cap slots in case it sold: it did not.
-            if let Some(post) = &post {
-                caps::release(&txn, &caps::slots_of_post(post)).await?;
-            }
+        // Each unanswered post kept its cap slots in case it sold. Sold: the
+        // newest is the sale's and keeps them; every other gives them back.
+        let posts = unanswered_posts(&txn, lead_id, settlement.buyer_id, history_from).await?;
+        let (sold_by, not_sold) = match posts.split_first() {
+            Some((newest, older)) if settlement.sold => (Some(newest), older),
+            _ => (None, posts.as_slice()),
+        };
+        for post in not_sold {
+            caps::release(&txn, &caps::slots_of_post(post)).await?;
         }
         if settlement.sold {
             let inserted = sale::Entity::insert(new_sale(
                 lead_id,
                 settlement.buyer_id,
-                post.map(|post| post.id),
+                sold_by.map(|post| post.id.clone()),
                 settlement.price,
                 settlement.payout,
             ))
@@ -235,6 +236,25 @@ impl Store {
         }
         txn.commit().await?;
         self.after_change(lead_id, 1, "").await
+    }
+
+    /// After a retried post to `buyer_id` sold the lead: the lead's earlier
+    /// posts to that buyer that got no answer give back the cap slots they
+    /// kept in case they sold (one sale, one slot).
+    pub async fn release_unanswered_posts(
+        &self,
+        lead_id: &str,
+        buyer_id: &str,
+    ) -> Result<(), DbErr> {
+        let txn = self.db.begin().await?;
+        let history_from = lead::Entity::find_by_id(lead_id)
+            .one(&txn)
+            .await?
+            .and_then(|row| row.history_from);
+        for post in unanswered_posts(&txn, lead_id, buyer_id, history_from).await? {
+            caps::release(&txn, &caps::slots_of_post(&post)).await?;
+        }
+        txn.commit().await
     }
 
     /// Records that the buyer returned a sold lead: the sale is marked
@@ -335,6 +355,30 @@ fn transition(lead_id: &str, from: &[&str], to: &str) -> sea_orm::UpdateMany<lea
         .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
         .filter(lead::Column::Id.eq(lead_id))
         .filter(lead::Column::State.is_in(from.iter().copied()))
+}
+
+/// The lead's posts to the buyer in its current history (since
+/// `history_from`) that got no answer (timed out, or interrupted), newest
+/// first: each still holds its cap slots.
+async fn unanswered_posts(
+    db: &impl ConnectionTrait,
+    lead_id: &str,
+    buyer_id: &str,
+    history_from: Option<chrono::DateTime<Utc>>,
+) -> Result<Vec<attempt::Model>, DbErr> {
+    let timeout = AttemptOutcome::Call(CallOutcome::Timeout);
+    let mut posts = attempt::Entity::find()
+        .filter(attempt::Column::LeadId.eq(lead_id))
+        .filter(attempt::Column::BuyerId.eq(buyer_id))
+        .filter(attempt::Column::Kind.eq(AttemptKind::POST.as_str()))
+        .filter(attempt::Column::Outcome.eq(timeout.as_str()));
+    if let Some(from) = history_from {
+        posts = posts.filter(attempt::Column::StartedAt.gte(from));
+    }
+    posts
+        .order_by_desc(attempt::Column::StartedAt)
+        .all(db)
+        .await
 }
 
 /// A sale row (not returned).

@@ -39,6 +39,7 @@ on_both_databases!(
     a_lead_still_walking_when_its_buyer_recovers_is_offered_again_when_it_settles,
     a_cap_added_by_a_reload_counts_the_sales_already_made,
     a_return_gives_its_cap_slot_back,
+    unanswered_posts_give_their_cap_slots_back_once_a_retry_or_resolve_decides,
     fixing_an_invalid_lead_of_a_known_person_makes_it_a_duplicate,
 );
 
@@ -933,6 +934,66 @@ async fn a_return_gives_its_cap_slot_back(backend: Backend) {
     assert_eq!(buyers[0]["caps"][0]["used"], 0, "{buyers}");
     let next = app.submit(json!({"email": "next@example.com"})).await;
     app.wait_for_state(&next, "sold").await;
+}
+
+/// A post that got no answer keeps its cap slot in case it sold; once an
+/// operator's retry or resolve decides the lead, each sale holds exactly
+/// one slot and every other unanswered post gives its slot back.
+async fn unanswered_posts_give_their_cap_slots_back_once_a_retry_or_resolve_decides(
+    backend: Backend,
+) {
+    let buyer = TestBuyer::start(accept(), Answer::Hang);
+    let config = BuyerConfig {
+        post_timeout: "300ms",
+        extra: "daily_cap = 10",
+        ..BuyerConfig::new("acme", 1)
+    };
+    let app = spawn_app_with(backend, &config.toml(&buyer.base)).await;
+    let used = || async {
+        let buyers = app.admin_get("/v1/buyers").await.json();
+        buyers[0]["caps"][0]["used"].as_u64().unwrap()
+    };
+    let retry = |post: String| {
+        let app = &app;
+        async move {
+            let path = format!("/v1/attempts/{post}/retry");
+            app.admin_send("POST", &path, json!({})).await.json()["outcome"].clone()
+        }
+    };
+    let resolve = |id: String, sold: bool| {
+        let app = &app;
+        async move {
+            let path = format!("/v1/leads/{id}/resolve");
+            let body = json!({"buyer_id": "acme", "sold": sold});
+            app.admin_send("POST", &path, body).await.json()["lead_state"].clone()
+        }
+    };
+
+    // Sold by a retry: one sale, one slot.
+    let by_retry = app.submit(json!({"email": "a@example.com"})).await;
+    let post = post_of(&app.wait_for_state(&by_retry, "unknown").await);
+    assert_eq!(used().await, 1, "the unanswered post keeps its slot");
+    buyer.set_post(accept());
+    assert_eq!(retry(post).await, "accepted");
+    assert_eq!(app.lead(&by_retry).await["lead_state"], "sold");
+    assert_eq!(used().await, 1, "one sale holds one slot");
+
+    // Two unanswered posts each, then resolved: sold keeps one slot, not
+    // sold none.
+    buyer.set_post(Answer::Hang);
+    let mut sales = 1;
+    for (email, sold, state) in [
+        ("b@example.com", true, "sold"),
+        ("c@example.com", false, "unsold"),
+    ] {
+        let id = app.submit(json!({"email": email})).await;
+        let post = post_of(&app.wait_for_state(&id, "unknown").await);
+        assert_eq!(retry(post).await, "timeout");
+        assert_eq!(used().await, sales + 2, "both posts keep their slots");
+        assert_eq!(resolve(id, sold).await, state);
+        sales += u64::from(sold);
+        assert_eq!(used().await, sales, "after resolving {email} {state}");
+    }
 }
 
 async fn fixing_an_invalid_lead_of_a_known_person_makes_it_a_duplicate(backend: Backend) {
