@@ -205,7 +205,7 @@ pub async fn replay(routing: &RoutingContext, held: Held) -> Result<attempt::Mod
             // Earlier posts of the lead to this buyer that got no answer
             // kept their cap slots in case they sold: this sale holds its own.
             let released = store
-                .release_unanswered_posts(&lead_id, &held.original.buyer_id)
+                .release_earlier_unanswered_posts(&lead_id, &held.original.buyer_id)
                 .await;
             if let Err(error) = released {
                 tracing::error!(%error, %lead_id, "cap slots of unanswered posts not given back");

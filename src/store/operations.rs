@@ -8,7 +8,7 @@ use chrono::Utc;
 use entity::{alert, attempt, lead, sale};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, QueryFilter,
+    ActiveValue::Set, ColumnTrait, Condition, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
     QueryOrder, QuerySelect, SqlErr, TransactionTrait,
 };
 use serde_json::{Map, Value};
@@ -132,36 +132,47 @@ impl Store {
     /// Puts an `unsold` or `unknown` lead, or one set aside after routing
     /// failures, back to be routed, with a new routing history;
     /// `include_tried` lets buyers it was posted to before be offered it
-    /// again.
+    /// again. An `unknown` lead's unanswered posts give back their cap
+    /// slots: it is rerouted once its buyer said the post did not sell.
     pub async fn reroute_lead(
         &self,
         lead_id: &str,
         include_tried: bool,
     ) -> Result<lead::Model, OperationError> {
-        let settled = [
-            LeadState::Unsold.as_str(),
-            LeadState::Unknown.as_str(),
-            LeadState::Received.as_str(),
-        ];
         let set_aside_or_settled = Condition::any()
             .add(lead::Column::State.ne(LeadState::Received.as_str()))
             .add(lead::Column::SetAsideReason.is_not_null());
-        let changed = transition(lead_id, &settled, LeadState::Received.as_str())
-            .filter(set_aside_or_settled)
-            .col_expr(lead::Column::HistoryFrom, Expr::value(Utc::now()))
-            .col_expr(lead::Column::OfferTried, Expr::value(include_tried))
-            .col_expr(
-                lead::Column::SetAsideReason,
-                Expr::value(Option::<String>::None),
-            )
-            .col_expr(lead::Column::RouteFailures, Expr::value(0))
-            .col_expr(
-                lead::Column::RouteAfter,
-                Expr::value(Option::<chrono::DateTime<Utc>>::None),
-            )
-            .exec(&self.db)
+        let reroute = |from: &[&str]| {
+            transition(lead_id, from, LeadState::Received.as_str())
+                .filter(set_aside_or_settled.clone())
+                .col_expr(
+                    lead::Column::SetAsideReason,
+                    Expr::value(Option::<String>::None),
+                )
+                .col_expr(lead::Column::RouteFailures, Expr::value(0))
+                .col_expr(
+                    lead::Column::RouteAfter,
+                    Expr::value(Option::<chrono::DateTime<Utc>>::None),
+                )
+        };
+        let txn = self.db.begin().await?;
+        let from_unknown = reroute(&[LeadState::Unknown.as_str()])
+            .exec(&txn)
             .await?
             .rows_affected;
+        let changed = if from_unknown == 1 {
+            // An unknown lead is rerouted once its buyer said the post did
+            // not sell: the unanswered posts' cap slots come back.
+            release_unanswered_posts(&txn, lead_id, None, Keep::None).await?;
+            from_unknown
+        } else {
+            let settled = [LeadState::Unsold.as_str(), LeadState::Received.as_str()];
+            reroute(&settled).exec(&txn).await?.rows_affected
+        };
+        if changed == 1 {
+            new_history(lead_id, include_tried).exec(&txn).await?;
+        }
+        txn.commit().await?;
         self.after_change(
             lead_id,
             changed,
@@ -188,38 +199,32 @@ impl Store {
         } else {
             LeadState::Unsold
         };
-        let mut change = transition(lead_id, &[LeadState::Unknown.as_str()], state.as_str());
-        if !settlement.sold {
-            change = change
-                .col_expr(lead::Column::HistoryFrom, Expr::value(Utc::now()))
-                .col_expr(lead::Column::OfferTried, Expr::value(false));
-        }
-        let history_from = lead::Entity::find_by_id(lead_id)
-            .one(&txn)
+        let changed = transition(lead_id, &[LeadState::Unknown.as_str()], state.as_str())
+            .exec(&txn)
             .await?
-            .and_then(|row| row.history_from);
-        let changed = change.exec(&txn).await?.rows_affected;
+            .rows_affected;
         if changed == 0 {
             drop(txn);
             return self
                 .after_change(lead_id, 0, "only an unknown lead can be resolved")
                 .await;
         }
-        // Each unanswered post kept its cap slots in case it sold. Sold: the
-        // newest is the sale's and keeps them; every other gives them back.
-        let posts = unanswered_posts(&txn, lead_id, settlement.buyer_id, history_from).await?;
-        let (sold_by, not_sold) = match posts.split_first() {
-            Some((newest, older)) if settlement.sold => (Some(newest), older),
-            _ => (None, posts.as_slice()),
+        // Sold: the newest unanswered post is the sale's and keeps its slots.
+        let keep = if settlement.sold {
+            Keep::Newest
+        } else {
+            Keep::None
         };
-        for post in not_sold {
-            caps::release(&txn, &caps::slots_of_post(post)).await?;
+        let sold_by =
+            release_unanswered_posts(&txn, lead_id, Some(settlement.buyer_id), keep).await?;
+        if !settlement.sold {
+            new_history(lead_id, false).exec(&txn).await?;
         }
         if settlement.sold {
             let inserted = sale::Entity::insert(new_sale(
                 lead_id,
                 settlement.buyer_id,
-                sold_by.map(|post| post.id.clone()),
+                sold_by,
                 settlement.price,
                 settlement.payout,
             ))
@@ -241,19 +246,19 @@ impl Store {
     /// After a retried post to `buyer_id` sold the lead: the lead's earlier
     /// posts to that buyer that got no answer give back the cap slots they
     /// kept in case they sold (one sale, one slot).
-    pub async fn release_unanswered_posts(
+    pub async fn release_earlier_unanswered_posts(
         &self,
         lead_id: &str,
         buyer_id: &str,
     ) -> Result<(), DbErr> {
         let txn = self.db.begin().await?;
-        let history_from = lead::Entity::find_by_id(lead_id)
-            .one(&txn)
-            .await?
-            .and_then(|row| row.history_from);
-        for post in unanswered_posts(&txn, lead_id, buyer_id, history_from).await? {
-            caps::release(&txn, &caps::slots_of_post(&post)).await?;
-        }
+        // Written first (see the function it calls): a lead changed.
+        lead::Entity::update_many()
+            .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
+            .filter(lead::Column::Id.eq(lead_id))
+            .exec(&txn)
+            .await?;
+        release_unanswered_posts(&txn, lead_id, Some(buyer_id), Keep::None).await?;
         txn.commit().await
     }
 
@@ -357,28 +362,62 @@ fn transition(lead_id: &str, from: &[&str], to: &str) -> sea_orm::UpdateMany<lea
         .filter(lead::Column::State.is_in(from.iter().copied()))
 }
 
-/// The lead's posts to the buyer in its current history (since
-/// `history_from`) that got no answer (timed out, or interrupted), newest
-/// first: each still holds its cap slots.
-async fn unanswered_posts(
-    db: &impl ConnectionTrait,
+/// Which unanswered post keeps its cap slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// None: the lead did not sell to them.
+    None,
+    /// The newest: the sale an operator records is its.
+    Newest,
+}
+
+/// Gives back the cap slots of the lead's posts (to the buyer, if one is
+/// named) in its current history that got no answer (timed out, or
+/// interrupted): each kept them in case it sold. Answers the id of the
+/// post kept. `txn` must have written already: on SQLite a transaction
+/// that reads first cannot write once another connection has committed.
+async fn release_unanswered_posts(
+    txn: &DatabaseTransaction,
     lead_id: &str,
-    buyer_id: &str,
-    history_from: Option<chrono::DateTime<Utc>>,
-) -> Result<Vec<attempt::Model>, DbErr> {
+    buyer_id: Option<&str>,
+    keep: Keep,
+) -> Result<Option<String>, DbErr> {
+    let history_from = lead::Entity::find_by_id(lead_id)
+        .one(txn)
+        .await?
+        .and_then(|row| row.history_from);
     let timeout = AttemptOutcome::Call(CallOutcome::Timeout);
     let mut posts = attempt::Entity::find()
         .filter(attempt::Column::LeadId.eq(lead_id))
-        .filter(attempt::Column::BuyerId.eq(buyer_id))
         .filter(attempt::Column::Kind.eq(AttemptKind::POST.as_str()))
         .filter(attempt::Column::Outcome.eq(timeout.as_str()));
+    if let Some(buyer_id) = buyer_id {
+        posts = posts.filter(attempt::Column::BuyerId.eq(buyer_id));
+    }
     if let Some(from) = history_from {
         posts = posts.filter(attempt::Column::StartedAt.gte(from));
     }
-    posts
+    let posts = posts
         .order_by_desc(attempt::Column::StartedAt)
-        .all(db)
-        .await
+        .all(txn)
+        .await?;
+    let (kept, given_back) = match posts.split_first() {
+        Some((newest, older)) if keep == Keep::Newest => (Some(newest.id.clone()), older),
+        _ => (None, posts.as_slice()),
+    };
+    for post in given_back {
+        caps::release(txn, &caps::slots_of_post(post)).await?;
+    }
+    Ok(kept)
+}
+
+/// A new routing history for the lead from now (an operator's settlement):
+/// buyers posted to before are offered it again only if `include_tried`.
+fn new_history(lead_id: &str, include_tried: bool) -> sea_orm::UpdateMany<lead::Entity> {
+    lead::Entity::update_many()
+        .col_expr(lead::Column::HistoryFrom, Expr::value(Utc::now()))
+        .col_expr(lead::Column::OfferTried, Expr::value(include_tried))
+        .filter(lead::Column::Id.eq(lead_id))
 }
 
 /// A sale row (not returned).

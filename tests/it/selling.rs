@@ -994,6 +994,20 @@ async fn unanswered_posts_give_their_cap_slots_back_once_a_retry_or_resolve_deci
         sales += u64::from(sold);
         assert_eq!(used().await, sales, "after resolving {email} {state}");
     }
+
+    // Rerouted once the buyer said it did not sell: the slot comes back.
+    let rerouted = app.submit(json!({"email": "d@example.com"})).await;
+    app.wait_for_state(&rerouted, "unknown").await;
+    assert_eq!(used().await, sales + 1);
+    let path = format!("/v1/leads/{rerouted}/reroute");
+    let answer = app.admin_send("POST", &path, json!({})).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    app.wait_for_state(&rerouted, "unsold").await;
+    assert_eq!(
+        used().await,
+        sales,
+        "the rerouted lead's post gave its slot back"
+    );
 }
 
 async fn fixing_an_invalid_lead_of_a_known_person_makes_it_a_duplicate(backend: Backend) {
