@@ -4,9 +4,9 @@
 //! replayed through the buyer's actor as a new row with `retry_of`, and the
 //! call follows the routing table: an accepted post is the sale (committed
 //! with its answer, never a second one), a timed-out post leaves the lead
-//! `unknown` with an alert, an answer that could not be recorded (or a
-//! buyer actor that crashed during the call) leaves the lead to be routed
-//! again from its history.
+//! `unknown` with an alert (as does one cut off by its buyer actor's
+//! crash), an answer that could not be recorded leaves the lead to be
+//! routed again from its history.
 
 use std::sync::Arc;
 
@@ -215,19 +215,8 @@ pub async fn replay(routing: &RoutingContext, held: Held) -> Result<attempt::Mod
         Ok(Offered::Called(report))
             if held.kind == CallKind::Post && report.outcome == CallOutcome::Timeout =>
         {
-            let message = format!(
-                "retried post of lead {lead_id} to buyer {} got no answer in time: lead unknown, not re-sent",
-                held.original.buyer_id
-            );
-            routing
-                .alerts
-                .raise(
-                    AlertKind::PostTimeout,
-                    Some(&held.original.buyer_id),
-                    Some(&lead_id),
-                    &message,
-                )
-                .await;
+            let why = "got no answer in time";
+            raise_post_unknown(routing, &lead_id, &held.original.buyer_id, why).await;
             (Some(LeadState::Unknown), None)
         }
         Ok(Offered::Called(_) | Offered::Skipped(_)) => (Some(held.previous), None),
@@ -242,16 +231,25 @@ pub async fn replay(routing: &RoutingContext, held: Held) -> Result<attempt::Mod
             Some("the retry could not be recorded".to_string()),
         ),
         // The actor went down, perhaps after the row was written and the
-        // call sent: routed again, the lead's history settles a call left
-        // in flight (a post as a timeout: `unknown`, never re-sent).
-        Ok(Offered::Crashed) => (
-            Some(LeadState::Received),
-            Some("the buyer actor crashed during the retry".to_string()),
-        ),
-        Err(error) => (
-            Some(LeadState::Received),
-            Some(format!("buyer actor: {error}")),
-        ),
+        // call sent. Settled here, under the retry's claim, as recovery
+        // settles a call left in flight: a post as a timeout (the lead
+        // `unknown`, never re-sent), a ping as an error (the lead as it
+        // was). Never routed on to other buyers: one retry was asked for.
+        Ok(Offered::Crashed) | Err(_) => {
+            let (posts, _) = store.settle_interrupted_attempts(&lead_id).await?;
+            let state = if posts > 0 {
+                let why = "was cut off when the buyer actor crashed";
+                raise_post_unknown(routing, &lead_id, &held.original.buyer_id, why).await;
+                LeadState::Unknown
+            } else {
+                held.previous
+            };
+            let failure = match &offered {
+                Err(error) => format!("buyer actor: {error}"),
+                Ok(_) => "the buyer actor crashed during the retry".to_string(),
+            };
+            (Some(state), Some(failure))
+        }
     };
     if let Some(state) = end {
         let release = HeldLead {
@@ -273,6 +271,22 @@ pub async fn replay(routing: &RoutingContext, held: Held) -> Result<attempt::Mod
         .rev()
         .find(|attempt| attempt.retry_of.as_deref() == Some(held.original.id.as_str()))
         .ok_or_else(|| RetryError::Unavailable("the retry left no attempt row".into()))
+}
+
+/// A retried post whose fate is unknown: the lead goes `unknown`, an alert.
+async fn raise_post_unknown(routing: &RoutingContext, lead_id: &str, buyer_id: &str, why: &str) {
+    let message = format!(
+        "retried post of lead {lead_id} to buyer {buyer_id} {why}: lead unknown, not re-sent"
+    );
+    routing
+        .alerts
+        .raise(
+            AlertKind::PostTimeout,
+            Some(buyer_id),
+            Some(lead_id),
+            &message,
+        )
+        .await;
 }
 
 /// The ping this buyer accepted for the lead, for a retried post.

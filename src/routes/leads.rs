@@ -100,7 +100,7 @@ fn explain(row: &lead::Model, sale: Option<&sale::Model>, attempts: &[attempt::M
         })
         .collect();
     let rerouted = if row.history_from.is_some() {
-        " (rerouted by an operator)"
+        " (since an operator's reroute, return or resolve)"
     } else {
         ""
     };
@@ -168,7 +168,7 @@ fn explain(row: &lead::Model, sale: Option<&sale::Model>, attempts: &[attempt::M
             }
             if last_by_buyer.is_empty() {
                 return if row.history_from.is_some() {
-                    "settled unsold by an operator (returned, or resolved not sold); reroute it to offer it again".into()
+                    "no buyer took it since an operator's reroute, return or resolve; reroute it (include_tried offers it to the buyers tried before)".into()
                 } else {
                     "no buyer was eligible".into()
                 };

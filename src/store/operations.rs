@@ -163,7 +163,7 @@ impl Store {
         let changed = if from_unknown == 1 {
             // An unknown lead is rerouted once its buyer said the post did
             // not sell: the unanswered posts' cap slots come back.
-            release_unanswered_posts(&txn, lead_id, None, Keep::None).await?;
+            release_unanswered_posts(&txn, lead_id, GiveBack::All).await?;
             from_unknown
         } else {
             let settled = [LeadState::Unsold.as_str(), LeadState::Received.as_str()];
@@ -209,14 +209,14 @@ impl Store {
                 .after_change(lead_id, 0, "only an unknown lead can be resolved")
                 .await;
         }
-        // Sold: the newest unanswered post is the sale's and keeps its slots.
-        let keep = if settlement.sold {
-            Keep::Newest
+        // Sold: the buyer's newest unanswered post is the sale's and keeps
+        // its slots; every other unanswered post did not sell.
+        let give_back = if settlement.sold {
+            GiveBack::AllButTheSaleOf(settlement.buyer_id)
         } else {
-            Keep::None
+            GiveBack::All
         };
-        let sold_by =
-            release_unanswered_posts(&txn, lead_id, Some(settlement.buyer_id), keep).await?;
+        let sold_by = release_unanswered_posts(&txn, lead_id, give_back).await?;
         if !settlement.sold {
             new_history(lead_id, false).exec(&txn).await?;
         }
@@ -258,7 +258,7 @@ impl Store {
             .filter(lead::Column::Id.eq(lead_id))
             .exec(&txn)
             .await?;
-        release_unanswered_posts(&txn, lead_id, Some(buyer_id), Keep::None).await?;
+        release_unanswered_posts(&txn, lead_id, GiveBack::OfBuyer(buyer_id)).await?;
         txn.commit().await
     }
 
@@ -362,25 +362,27 @@ fn transition(lead_id: &str, from: &[&str], to: &str) -> sea_orm::UpdateMany<lea
         .filter(lead::Column::State.is_in(from.iter().copied()))
 }
 
-/// Which unanswered post keeps its cap slots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Keep {
-    /// None: the lead did not sell to them.
-    None,
-    /// The newest: the sale an operator records is its.
-    Newest,
+/// Which of a lead's unanswered posts give their cap slots back.
+#[derive(Debug, Clone, Copy)]
+enum GiveBack<'a> {
+    /// Every one: the lead did not sell to any of them.
+    All,
+    /// Every one but the newest to this buyer: the sale an operator
+    /// records is its (the others did not sell: one sale per lead).
+    AllButTheSaleOf(&'a str),
+    /// This buyer's: a later post to it sold, holding a slot of its own.
+    OfBuyer(&'a str),
 }
 
-/// Gives back the cap slots of the lead's posts (to the buyer, if one is
-/// named) in its current history that got no answer (timed out, or
-/// interrupted): each kept them in case it sold. Answers the id of the
-/// post kept. `txn` must have written already: on SQLite a transaction
-/// that reads first cannot write once another connection has committed.
+/// Gives back the cap slots of the lead's posts in its current history
+/// that got no answer (timed out, or interrupted), as `which` says: each
+/// kept them in case it sold. Answers the id of the post kept for a sale.
+/// `txn` must have written already: on SQLite a transaction that reads
+/// first cannot write once another connection has committed.
 async fn release_unanswered_posts(
     txn: &DatabaseTransaction,
     lead_id: &str,
-    buyer_id: Option<&str>,
-    keep: Keep,
+    which: GiveBack<'_>,
 ) -> Result<Option<String>, DbErr> {
     let history_from = lead::Entity::find_by_id(lead_id)
         .one(txn)
@@ -391,9 +393,6 @@ async fn release_unanswered_posts(
         .filter(attempt::Column::LeadId.eq(lead_id))
         .filter(attempt::Column::Kind.eq(AttemptKind::POST.as_str()))
         .filter(attempt::Column::Outcome.eq(timeout.as_str()));
-    if let Some(buyer_id) = buyer_id {
-        posts = posts.filter(attempt::Column::BuyerId.eq(buyer_id));
-    }
     if let Some(from) = history_from {
         posts = posts.filter(attempt::Column::StartedAt.gte(from));
     }
@@ -401,14 +400,22 @@ async fn release_unanswered_posts(
         .order_by_desc(attempt::Column::StartedAt)
         .all(txn)
         .await?;
-    let (kept, given_back) = match posts.split_first() {
-        Some((newest, older)) if keep == Keep::Newest => (Some(newest.id.clone()), older),
-        _ => (None, posts.as_slice()),
+    let kept = match which {
+        GiveBack::AllButTheSaleOf(buyer) => posts.iter().find(|post| post.buyer_id == buyer),
+        GiveBack::All | GiveBack::OfBuyer(_) => None,
     };
-    for post in given_back {
-        caps::release(txn, &caps::slots_of_post(post)).await?;
+    for post in &posts {
+        let gives_back = match which {
+            GiveBack::OfBuyer(buyer) => post.buyer_id == buyer,
+            GiveBack::All | GiveBack::AllButTheSaleOf(_) => {
+                kept.is_none_or(|kept| kept.id != post.id)
+            }
+        };
+        if gives_back {
+            caps::release(txn, &caps::slots_of_post(post)).await?;
+        }
     }
-    Ok(kept)
+    Ok(kept.map(|post| post.id.clone()))
 }
 
 /// A new routing history for the lead from now (an operator's settlement):

@@ -422,7 +422,11 @@ async fn a_retried_post_whose_buyer_actor_crashes_leaves_the_lead_unknown_not_un
         .await;
     assert_eq!(retried.status, 503, "{}", retried.text());
 
-    let view = app.wait_for_state(&id, "unknown").await;
+    let view = app.lead(&id).await;
+    assert_eq!(
+        view["lead_state"], "unknown",
+        "settled with the retry's answer"
+    );
     let attempts = view["attempts"].as_array().unwrap();
     let retry = attempts
         .iter()
@@ -436,6 +440,17 @@ async fn a_retried_post_whose_buyer_actor_crashes_leaves_the_lead_unknown_not_un
         "{view}"
     );
     assert_eq!(buyer.calls("post").len(), 1, "nothing re-sent");
+    let alerts = alert::Entity::find()
+        .filter(alert::Column::Kind.eq("post_timeout"))
+        .filter(alert::Column::LeadId.eq(id.as_str()))
+        .all(app.store.connection())
+        .await
+        .unwrap();
+    assert_eq!(
+        alerts.len(),
+        1,
+        "the operator is told the post's fate is unknown"
+    );
 }
 
 async fn one_person_submitted_at_once_under_many_keys_is_one_routable_lead(backend: Backend) {
@@ -1008,6 +1023,17 @@ async fn unanswered_posts_give_their_cap_slots_back_once_a_retry_or_resolve_deci
         sales,
         "the rerouted lead's post gave its slot back"
     );
+
+    // Resolved sold to another buyer than the one whose post got no answer
+    // (a sale made by phone): that post did not sell, its slot comes back.
+    let elsewhere = app.submit(json!({"email": "e@example.com"})).await;
+    app.wait_for_state(&elsewhere, "unknown").await;
+    assert_eq!(used().await, sales + 1);
+    let path = format!("/v1/leads/{elsewhere}/resolve");
+    let body = json!({"buyer_id": "by-phone", "sold": true});
+    let answer = app.admin_send("POST", &path, body).await;
+    assert_eq!(answer.json()["lead_state"], "sold", "{}", answer.text());
+    assert_eq!(used().await, sales, "acme's unanswered post did not sell");
 }
 
 async fn fixing_an_invalid_lead_of_a_known_person_makes_it_a_duplicate(backend: Backend) {
