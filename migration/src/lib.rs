@@ -10,8 +10,7 @@ mod m20261201_000004_selling_invariants;
 mod m20261201_000005_money;
 mod m20261201_000006_deliveries;
 mod m20261201_000007_lead_aliases;
-mod m20261204_000008_set_aside_index;
-mod m20261204_000009_attempts_started_at;
+mod m20261204_000008_status_figure_indexes;
 
 /// Every migration, oldest first.
 pub struct Migrator;
@@ -27,8 +26,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000005_money::Migration),
             Box::new(m20261201_000006_deliveries::Migration),
             Box::new(m20261201_000007_lead_aliases::Migration),
-            Box::new(m20261204_000008_set_aside_index::Migration),
-            Box::new(m20261204_000009_attempts_started_at::Migration),
+            Box::new(m20261204_000008_status_figure_indexes::Migration),
         ]
     }
 }

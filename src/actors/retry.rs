@@ -16,7 +16,6 @@ use entity::{attempt, lead};
 use super::buyer::{OfferLead, Retry};
 use super::directory::BuyerHandle;
 use super::waterfall::RoutingContext;
-use crate::alerts::AlertKind;
 use crate::buyer::recorded_call::Offered;
 use crate::buyer::request::{LeadOffer, PingResult};
 use crate::config::{buyer_from_snapshot, BuyerSettings};
@@ -216,7 +215,9 @@ pub async fn replay(routing: &RoutingContext, held: Held) -> Result<attempt::Mod
             if held.kind == CallKind::Post && report.outcome == CallOutcome::Timeout =>
         {
             let why = "got no answer in time";
-            raise_post_unknown(routing, &lead_id, &held.original.buyer_id, why).await;
+            routing
+                .alert_post_unknown("retried post", &lead_id, &held.original.buyer_id, why)
+                .await;
             (Some(LeadState::Unknown), None)
         }
         Ok(Offered::Called(_) | Offered::Skipped(_)) => (Some(held.previous), None),
@@ -239,7 +240,9 @@ pub async fn replay(routing: &RoutingContext, held: Held) -> Result<attempt::Mod
             let (posts, _) = store.settle_interrupted_attempts(&lead_id).await?;
             let state = if posts > 0 {
                 let why = "was cut off when the buyer actor crashed";
-                raise_post_unknown(routing, &lead_id, &held.original.buyer_id, why).await;
+                routing
+                    .alert_post_unknown("retried post", &lead_id, &held.original.buyer_id, why)
+                    .await;
                 LeadState::Unknown
             } else {
                 held.previous
@@ -271,22 +274,6 @@ pub async fn replay(routing: &RoutingContext, held: Held) -> Result<attempt::Mod
         .rev()
         .find(|attempt| attempt.retry_of.as_deref() == Some(held.original.id.as_str()))
         .ok_or_else(|| RetryError::Unavailable("the retry left no attempt row".into()))
-}
-
-/// A retried post whose fate is unknown: the lead goes `unknown`, an alert.
-async fn raise_post_unknown(routing: &RoutingContext, lead_id: &str, buyer_id: &str, why: &str) {
-    let message = format!(
-        "retried post of lead {lead_id} to buyer {buyer_id} {why}: lead unknown, not re-sent"
-    );
-    routing
-        .alerts
-        .raise(
-            AlertKind::PostTimeout,
-            Some(buyer_id),
-            Some(lead_id),
-            &message,
-        )
-        .await;
 }
 
 /// The ping this buyer accepted for the lead, for a retried post.

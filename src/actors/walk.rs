@@ -250,17 +250,9 @@ impl<'a> Walk<'a> {
             Offered::Sold(_) => Ok(Some(WalkEnd::Settled)),
             Offered::Called(report) if report.outcome == CallOutcome::Timeout => {
                 let (lead_id, buyer_id) = (&self.row.id, &buyer.settings.id);
-                let message = format!(
-                    "post of lead {lead_id} to buyer {buyer_id} got no answer in time: lead unknown, not re-sent"
-                );
+                let why = "got no answer in time";
                 self.routing
-                    .alerts
-                    .raise(
-                        AlertKind::PostTimeout,
-                        Some(buyer_id),
-                        Some(lead_id),
-                        &message,
-                    )
+                    .alert_post_unknown("post", lead_id, buyer_id, why)
                     .await;
                 Ok(Some(WalkEnd::LetGo(LeadEnd::State(LeadState::Unknown))))
             }

@@ -55,6 +55,31 @@ pub struct RoutingContext {
     pub settings: SharedSettings,
 }
 
+impl RoutingContext {
+    /// Tells the operator a post's fate is unknown (`what`: "post" or
+    /// "retried post"; `why`: what became of it): the lead goes `unknown`,
+    /// and the post is never re-sent.
+    pub(super) async fn alert_post_unknown(
+        &self,
+        what: &str,
+        lead_id: &str,
+        buyer_id: &str,
+        why: &str,
+    ) {
+        let message = format!(
+            "{what} of lead {lead_id} to buyer {buyer_id} {why}: lead unknown, not re-sent"
+        );
+        self.alerts
+            .raise(
+                AlertKind::PostTimeout,
+                Some(buyer_id),
+                Some(lead_id),
+                &message,
+            )
+            .await;
+    }
+}
+
 /// Sent to the router when a waterfall ends.
 #[derive(Message)]
 #[rtype(result = "()")]

@@ -386,16 +386,21 @@ async fn a_retried_post_that_times_out_leaves_the_lead_unknown_with_an_alert(bac
     assert_eq!(retried.status, 200, "{}", retried.text());
     assert_eq!(retried.json()["outcome"], "timeout");
     assert_eq!(app.lead(&id).await["lead_state"], "unknown");
-    let alerts = alert::Entity::find()
-        .filter(alert::Column::Kind.eq("post_timeout"))
-        .filter(alert::Column::LeadId.eq(id.as_str()))
-        .all(app.store.connection())
-        .await
-        .unwrap();
+    let alerts = post_timeout_alerts(&app, &id).await;
     assert_eq!(alerts.len(), 1, "the timed-out retry raised an alert");
     // Never re-sent: the sweep leaves an unknown lead alone.
     actix_web::rt::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(buyer.calls("post").len(), 2);
+}
+
+/// The `post_timeout` alerts raised for this lead.
+async fn post_timeout_alerts(app: &TestApp, lead_id: &str) -> Vec<alert::Model> {
+    alert::Entity::find()
+        .filter(alert::Column::Kind.eq("post_timeout"))
+        .filter(alert::Column::LeadId.eq(lead_id))
+        .all(app.store.connection())
+        .await
+        .unwrap()
 }
 
 /// The retried post's row is written, then the buyer actor panics (an
@@ -440,12 +445,7 @@ async fn a_retried_post_whose_buyer_actor_crashes_leaves_the_lead_unknown_not_un
         "{view}"
     );
     assert_eq!(buyer.calls("post").len(), 1, "nothing re-sent");
-    let alerts = alert::Entity::find()
-        .filter(alert::Column::Kind.eq("post_timeout"))
-        .filter(alert::Column::LeadId.eq(id.as_str()))
-        .all(app.store.connection())
-        .await
-        .unwrap();
+    let alerts = post_timeout_alerts(&app, &id).await;
     assert_eq!(
         alerts.len(),
         1,
