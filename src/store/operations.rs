@@ -8,7 +8,7 @@ use chrono::Utc;
 use entity::{alert, attempt, lead, sale};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, DatabaseTransaction, DbErr, EntityTrait, QueryFilter,
+    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, QueryFilter,
     QueryOrder, QuerySelect, SqlErr, TransactionTrait,
 };
 use serde_json::{Map, Value};
@@ -245,21 +245,16 @@ impl Store {
 
     /// After a retried post to `buyer_id` sold the lead: the lead's earlier
     /// posts to that buyer that got no answer give back the cap slots they
-    /// kept in case they sold (one sale, one slot).
+    /// kept in case they sold (one sale, one slot). Outside a transaction:
+    /// a slot not given back (a crash between two statements) stays
+    /// counted, which keeps the cap, never exceeds it.
     pub async fn release_earlier_unanswered_posts(
         &self,
         lead_id: &str,
         buyer_id: &str,
     ) -> Result<(), DbErr> {
-        let txn = self.db.begin().await?;
-        // Written first (see the function it calls): a lead changed.
-        lead::Entity::update_many()
-            .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
-            .filter(lead::Column::Id.eq(lead_id))
-            .exec(&txn)
-            .await?;
-        release_unanswered_posts(&txn, lead_id, GiveBack::OfBuyer(buyer_id)).await?;
-        txn.commit().await
+        release_unanswered_posts(&self.db, lead_id, GiveBack::OfBuyer(buyer_id)).await?;
+        Ok(())
     }
 
     /// Records that the buyer returned a sold lead: the sale is marked
@@ -377,15 +372,15 @@ enum GiveBack<'a> {
 /// Gives back the cap slots of the lead's posts in its current history
 /// that got no answer (timed out, or interrupted), as `which` says: each
 /// kept them in case it sold. Answers the id of the post kept for a sale.
-/// `txn` must have written already: on SQLite a transaction that reads
-/// first cannot write once another connection has committed.
+/// A transaction given as `db` must have written already: on SQLite one
+/// that reads first cannot write once another connection has committed.
 async fn release_unanswered_posts(
-    txn: &DatabaseTransaction,
+    db: &impl ConnectionTrait,
     lead_id: &str,
     which: GiveBack<'_>,
 ) -> Result<Option<String>, DbErr> {
     let history_from = lead::Entity::find_by_id(lead_id)
-        .one(txn)
+        .one(db)
         .await?
         .and_then(|row| row.history_from);
     let timeout = AttemptOutcome::Call(CallOutcome::Timeout);
@@ -398,7 +393,7 @@ async fn release_unanswered_posts(
     }
     let posts = posts
         .order_by_desc(attempt::Column::StartedAt)
-        .all(txn)
+        .all(db)
         .await?;
     let kept = match which {
         GiveBack::AllButTheSaleOf(buyer) => posts.iter().find(|post| post.buyer_id == buyer),
@@ -412,7 +407,7 @@ async fn release_unanswered_posts(
             }
         };
         if gives_back {
-            caps::release(txn, &caps::slots_of_post(post)).await?;
+            caps::release(db, &caps::slots_of_post(post)).await?;
         }
     }
     Ok(kept.map(|post| post.id.clone()))
