@@ -122,12 +122,18 @@ pub async fn post_lead(client: &awc::Client, url: &str) -> Answer {
         .insert_header(("Content-Type", "application/json"))
         .send_body(lead_body())
         .await;
+    // The answer is read, as a sender reads its lead's id: an unread body
+    // makes awc close the connection, and every lead would pay for a new one.
     match response {
-        // 200 accepted, 202 pending (e.g. held in the spool): both acknowledged.
-        Ok(response) if matches!(response.status().as_u16(), 200 | 202) => {
-            Answer::Acknowledged(started.elapsed())
+        Ok(mut response) => {
+            let acknowledged = matches!(response.status().as_u16(), 200 | 202);
+            match response.body().await {
+                // 200 accepted, 202 pending (e.g. held in the spool): both acknowledged.
+                Ok(_) if acknowledged => Answer::Acknowledged(started.elapsed()),
+                Ok(_) => Answer::Failed,
+                Err(_) => Answer::Lost,
+            }
         }
-        Ok(_) => Answer::Failed,
         Err(_) => Answer::Lost,
     }
 }
