@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use entity::{attempt, lead, sale};
 
+use super::any_of::any_of;
 use super::caps::{self, CapSlot};
 use super::intake_first::{IntakeFirst, LONGEST_YIELD};
 use super::{AttemptEnd, Unwritten};
@@ -477,9 +478,10 @@ async fn claims_held<'a>(
     if leads.is_empty() {
         return Ok(HashMap::new());
     }
+    let backend = txn.get_database_backend();
     let holding = Condition::all()
-        .add(lead::Column::Id.is_in(leads))
-        .add(lead::Column::ClaimToken.is_in(tokens))
+        .add(any_of(backend, lead::Column::Id, leads))
+        .add(any_of(backend, lead::Column::ClaimToken, tokens))
         .add(super::routing::state_is(LeadState::Routing))
         .add(lead::Column::LeaseUntil.gt(Utc::now()));
     let held = [lead::Column::Id, lead::Column::ClaimToken];
@@ -557,7 +559,11 @@ pub(super) async fn mark_sold(txn: &DatabaseTransaction, lead_ids: &[&str]) -> R
             Expr::value(Option::<String>::None),
         )
         .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
-        .filter(lead::Column::Id.is_in(lead_ids.iter().copied()))
+        .filter(any_of(
+            txn.get_database_backend(),
+            lead::Column::Id,
+            lead_ids.iter().copied(),
+        ))
         .exec(txn)
         .await?;
     Ok(())

@@ -1,6 +1,7 @@
 //! The only place that talks to the database: connecting (SQLite or
 //! PostgreSQL through the same sea-orm code), migrating, and the queries.
 
+mod any_of;
 mod at_most_every;
 mod attempt_writer;
 mod batch_statement;

@@ -16,6 +16,7 @@ use sea_orm::{
 };
 use serde_json::Value;
 
+use super::any_of::any_of;
 use super::attempt_writer::{insert_sale, mark_sold, AttemptWrite, Fence, Written};
 use super::caps::CapSlot;
 use super::operations::new_sale;
@@ -359,7 +360,8 @@ impl Store {
         // the UPDATE, row by row (given the state too, a planner without
         // statistics scans the state index, dead entries and all).
         let ids = lead_ids.iter().map(LeadId::as_str);
-        let candidates = lead::Entity::find().filter(lead::Column::Id.is_in(ids));
+        let backend = self.db.get_database_backend();
+        let candidates = lead::Entity::find().filter(any_of(backend, lead::Column::Id, ids));
         let (now, holder) = (Utc::now(), Holder::new(owner, lease));
         let mut taken = Taken::default();
         self.take(
@@ -498,7 +500,11 @@ impl Store {
         for chunk in tokens.chunks(500) {
             held += lead::Entity::update_many()
                 .col_expr(lead::Column::LeaseUntil, Expr::value(lease_end(lease)))
-                .filter(lead::Column::ClaimToken.is_in(chunk.iter().map(ClaimToken::as_str)))
+                .filter(any_of(
+                    self.db.get_database_backend(),
+                    lead::Column::ClaimToken,
+                    chunk.iter().map(ClaimToken::as_str),
+                ))
                 .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
                 .filter(lead::Column::LeaseUntil.gt(Utc::now()))
                 .exec(&self.db)
@@ -549,6 +555,7 @@ impl Store {
     ) -> Result<(u64, Vec<LeadId>), DbErr> {
         let txn = self.db.begin().await?;
         let now = Utc::now();
+        let backend = txn.get_database_backend();
         let release = |update: sea_orm::UpdateMany<lead::Entity>| {
             update
                 .col_expr(
@@ -577,10 +584,16 @@ impl Store {
             }
             changed += release(lead::Entity::update_many())
                 .col_expr(lead::Column::State, Expr::value(state.as_str()))
-                .filter(lead::Column::Id.is_in(settled.iter().map(|lead| lead.lead_id.as_str())))
-                .filter(
-                    lead::Column::ClaimToken.is_in(settled.iter().map(|lead| lead.token.as_str())),
-                )
+                .filter(any_of(
+                    backend,
+                    lead::Column::Id,
+                    settled.iter().map(|lead| lead.lead_id.as_str()),
+                ))
+                .filter(any_of(
+                    backend,
+                    lead::Column::ClaimToken,
+                    settled.iter().map(|lead| lead.token.as_str()),
+                ))
                 .exec(&txn)
                 .await?
                 .rows_affected;
@@ -638,7 +651,11 @@ impl Store {
             .column(attempt::Column::BuyerId)
             .column(attempt::Column::LeadId)
             .distinct()
-            .filter(attempt::Column::LeadId.is_in(leads.iter().map(LeadId::as_str)))
+            .filter(any_of(
+                self.db.get_database_backend(),
+                attempt::Column::LeadId,
+                leads.iter().map(LeadId::as_str),
+            ))
             .filter(attempt::Column::Kind.is_in(BUYER_KINDS))
             .filter(attempt::Column::Outcome.is_in(retryable_outcomes()))
             .into_tuple()
@@ -703,8 +720,9 @@ impl Store {
             }
             let mut candidates = lead::Entity::find();
             if let Some(only) = only {
-                candidates =
-                    candidates.filter(lead::Column::Id.is_in(only.iter().map(LeadId::as_str)));
+                let only = only.iter().map(LeadId::as_str);
+                let backend = self.db.get_database_backend();
+                candidates = candidates.filter(any_of(backend, lead::Column::Id, only));
             }
             let candidates = candidates
                 .select_only()
