@@ -11,6 +11,7 @@ mod m20261201_000005_money;
 mod m20261201_000006_deliveries;
 mod m20261201_000007_lead_aliases;
 mod m20261204_000008_status_figure_indexes;
+mod m20261204_000009_attempts_fillfactor;
 
 /// Every migration, oldest first.
 pub struct Migrator;
@@ -27,6 +28,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000006_deliveries::Migration),
             Box::new(m20261201_000007_lead_aliases::Migration),
             Box::new(m20261204_000008_status_figure_indexes::Migration),
+            Box::new(m20261204_000009_attempts_fillfactor::Migration),
         ]
     }
 }

@@ -282,3 +282,25 @@ fn begun(begun: Result<Begun, sea_orm::DbErr>) -> String {
         other => panic!("expected a call, got {other:?}"),
     }
 }
+
+/// On PostgreSQL, each page of `attempts` keeps room for the answers of
+/// the rows written on it, so that an answer is a heap-only update that
+/// writes no index entry.
+#[actix_web::test]
+async fn attempt_pages_keep_room_for_their_answers() {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let store = open_store(&database.url).await;
+    store.migrate().await.unwrap();
+    let options = store
+        .connection()
+        .query_one_raw(Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            "SELECT array_to_string(reloptions, ',') AS options FROM pg_class \
+             WHERE relname = 'attempts'",
+        ))
+        .await
+        .unwrap()
+        .expect("the attempts table");
+    let options: Option<String> = options.try_get("", "options").unwrap();
+    assert_eq!(options.as_deref(), Some("fillfactor=70"));
+}
