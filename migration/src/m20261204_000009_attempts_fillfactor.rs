@@ -15,20 +15,18 @@ pub struct Migration;
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        if manager.get_database_backend() == DbBackend::Postgres {
-            let db = manager.get_connection();
-            db.execute_unprepared("ALTER TABLE attempts SET (fillfactor = 70)")
-                .await?;
-        }
-        Ok(())
+        on_postgres(manager, "ALTER TABLE attempts SET (fillfactor = 70)").await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        if manager.get_database_backend() == DbBackend::Postgres {
-            let db = manager.get_connection();
-            db.execute_unprepared("ALTER TABLE attempts RESET (fillfactor)")
-                .await?;
-        }
-        Ok(())
+        on_postgres(manager, "ALTER TABLE attempts RESET (fillfactor)").await
     }
+}
+
+/// Runs `sql` on PostgreSQL; SQLite has no storage parameters.
+async fn on_postgres(manager: &SchemaManager<'_>, sql: &str) -> Result<(), DbErr> {
+    if manager.get_database_backend() == DbBackend::Postgres {
+        manager.get_connection().execute_unprepared(sql).await?;
+    }
+    Ok(())
 }
