@@ -34,7 +34,7 @@ use scratch_db::{Backend, TestDatabase};
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DbBackend, Statement};
 use support::{
     bases, buyers_toml, closed_loop, env_u64, fixed_rate, intake_histogram, lead_body, mock_buyer,
-    p99_bound_ms, serve, CpuUse, Process,
+    p99_bound_ms, serve, CpuUse, PageReads, Process,
 };
 
 const SOURCE: &str = r#"
@@ -116,6 +116,7 @@ fn run(backend: Backend, bench: &Settings) {
         waited.elapsed().as_secs_f64()
     );
     let histogram = System::new().block_on(intake_histogram(&service.base()));
+    let page_reads = PageReads::start();
     let alone = System::new()
         .block_on(fixed_rate(
             &url,
@@ -131,6 +132,7 @@ fn run(backend: Backend, bench: &Settings) {
         alone.p99_ms,
         alone.tally()
     );
+    println!("                            {page_reads}");
     let alone_in_service = p99_bound_ms(
         &histogram,
         &System::new().block_on(intake_histogram(&service.base())),
@@ -196,6 +198,7 @@ fn routing_phase(backend: Backend, bench: &Settings) -> (support::LoadResult, f6
     let status = format!("{}/v1/status", service.base());
     let cpu = CpuUse::start(&service, &[]);
     let histogram = System::new().block_on(intake_histogram(&service.base()));
+    let page_reads = PageReads::start();
     let load = System::new().block_on(async {
         let polling = Rc::new(Cell::new(true));
         let pollers: Vec<_> = (0..4)
@@ -215,6 +218,7 @@ fn routing_phase(backend: Backend, bench: &Settings) -> (support::LoadResult, f6
         "                            with routing: {}",
         cpu.per_lead(&service, &[], load.acknowledged)
     );
+    println!("                            {page_reads}");
     let in_service = p99_bound_ms(
         &histogram,
         &System::new().block_on(intake_histogram(&service.base())),

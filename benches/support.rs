@@ -395,6 +395,48 @@ pub fn machine_busy_ms() -> f64 {
     (total - idle) * 10.0
 }
 
+/// Pages the machine read back while a phase ran: major faults (program
+/// and library pages) and file pages refaulted after the kernel dropped
+/// them. Where the kernel pages out idle memory (a DAMON `pageout` scheme,
+/// as on this project's 2-core machines: pages idle for a minute), these
+/// come in bursts that stall whatever touches them, and a fixed-rate
+/// phase's p99 is then the machine's as much as the service's.
+pub struct PageReads {
+    major_faults: u64,
+    refaulted: u64,
+}
+
+impl PageReads {
+    /// From now.
+    pub fn start() -> Self {
+        Self {
+            major_faults: vmstat("pgmajfault"),
+            refaulted: vmstat("workingset_refault_file"),
+        }
+    }
+}
+
+impl std::fmt::Display for PageReads {
+    /// The counts since `start`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "pages read back meanwhile: {} major faults, {} file pages refaulted",
+            vmstat("pgmajfault").saturating_sub(self.major_faults),
+            vmstat("workingset_refault_file").saturating_sub(self.refaulted)
+        )
+    }
+}
+
+/// One counter of /proc/vmstat (0 where there is none).
+fn vmstat(name: &str) -> u64 {
+    let stat = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
+    stat.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// CPU spent over one phase: by the service, by PostgreSQL, by the mock
 /// buyers, by this process (the load generator), by the whole machine
 /// (everything else is the difference).
