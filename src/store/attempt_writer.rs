@@ -101,9 +101,9 @@ impl AttemptWriter {
     /// Starts the writer task on `thread` (whose own pool `db` is: the
     /// commits' round trips are then never queued behind the routing
     /// thread's work), with at most `groups_in_flight` group commits
-    /// running at once: one on SQLite (one writer), several on PostgreSQL,
-    /// whose commits overlap (a walk waits for its group's commit, not for
-    /// the groups queued before it). Each walk awaits one write before it
+    /// running at once (the store runs one; on PostgreSQL more overlap
+    /// their commits, but one group gathering while the previous commits
+    /// costs the database less per write). Each walk awaits one write before it
     /// sends the next, so a lead's writes never race each other across
     /// groups; groups lock cap counters in buyer order, so overlapping
     /// groups cannot deadlock on them. With `intake_first` (SQLite), each

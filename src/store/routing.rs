@@ -360,7 +360,7 @@ impl Store {
         // the UPDATE, row by row (given the state too, a planner without
         // statistics scans the state index, dead entries and all).
         let ids = lead_ids.iter().map(LeadId::as_str);
-        let backend = self.db.get_database_backend();
+        let backend = self.routing.get_database_backend();
         let candidates = lead::Entity::find().filter(any_of(backend, lead::Column::Id, ids));
         let (now, holder) = (Utc::now(), Holder::new(owner, lease));
         let mut taken = Taken::default();
@@ -423,7 +423,7 @@ impl Store {
         holder: &Holder<'_>,
         now: DateTime<Utc>,
     ) -> Result<(), DbErr> {
-        let backend = self.db.get_database_backend();
+        let backend = self.routing.get_database_backend();
         let mut statement = claim_statement(candidates, waiting, holder, now, backend).into_query();
         let has_history = Expr::exists(
             Query::select()
@@ -441,7 +441,7 @@ impl Store {
             .collect();
         let has_history_at = columns.len();
         statement.returning(Query::returning().exprs(columns.into_iter().chain([has_history])));
-        for returned in self.db.query_all(&statement).await? {
+        for returned in self.routing.query_all(&statement).await? {
             let row = lead::Model::from_query_result(&returned, "")?;
             if returned.try_get_by_index::<bool>(has_history_at)? {
                 taken.with_history.push(row.id.clone());
@@ -484,7 +484,7 @@ impl Store {
         let held = held_by(lead::Entity::update_many(), &holder, Utc::now())
             .filter(lead::Column::Id.eq(lead_id.as_str()))
             .filter(lead::Column::State.eq(from.as_str()))
-            .exec(&self.db)
+            .exec(&self.routing)
             .await?
             .rows_affected;
         Ok((held == 1).then_some(holder.token))
@@ -501,13 +501,13 @@ impl Store {
             held += lead::Entity::update_many()
                 .col_expr(lead::Column::LeaseUntil, Expr::value(lease_end(lease)))
                 .filter(any_of(
-                    self.db.get_database_backend(),
+                    self.routing.get_database_backend(),
                     lead::Column::ClaimToken,
                     chunk.iter().map(ClaimToken::as_str),
                 ))
                 .filter(lead::Column::State.eq(LeadState::Routing.as_str()))
                 .filter(lead::Column::LeaseUntil.gt(Utc::now()))
-                .exec(&self.db)
+                .exec(&self.routing)
                 .await?
                 .rows_affected;
         }
@@ -537,7 +537,7 @@ impl Store {
                 .filter(attempt::Column::LeadId.eq(lead_id))
                 .filter(attempt::Column::Outcome.eq(AttemptOutcome::InFlight.as_str()))
                 .filter(kind)
-                .exec(&self.db)
+                .exec(&self.routing)
         };
         let posts = settle(true, CallOutcome::Timeout).await?.rows_affected;
         let others = settle(false, CallOutcome::Error).await?.rows_affected;
@@ -553,7 +553,7 @@ impl Store {
         held: &[HeldLead],
         policy: FailurePolicy,
     ) -> Result<(u64, Vec<LeadId>), DbErr> {
-        let txn = self.db.begin().await?;
+        let txn = self.routing.begin().await?;
         let now = Utc::now();
         let backend = txn.get_database_backend();
         let release = |update: sea_orm::UpdateMany<lead::Entity>| {
@@ -652,14 +652,14 @@ impl Store {
             .column(attempt::Column::LeadId)
             .distinct()
             .filter(any_of(
-                self.db.get_database_backend(),
+                self.routing.get_database_backend(),
                 attempt::Column::LeadId,
                 leads.iter().map(LeadId::as_str),
             ))
             .filter(attempt::Column::Kind.is_in(BUYER_KINDS))
             .filter(attempt::Column::Outcome.is_in(retryable_outcomes()))
             .into_tuple()
-            .all(&self.db)
+            .all(&self.routing)
             .await?;
         let mut by_buyer: HashMap<String, Vec<LeadId>> = HashMap::new();
         for (buyer_id, lead_id) in failures {
@@ -721,7 +721,7 @@ impl Store {
             let mut candidates = lead::Entity::find();
             if let Some(only) = only {
                 let only = only.iter().map(LeadId::as_str);
-                let backend = self.db.get_database_backend();
+                let backend = self.routing.get_database_backend();
                 candidates = candidates.filter(any_of(backend, lead::Column::Id, only));
             }
             let candidates = candidates
@@ -745,10 +745,10 @@ impl Store {
                 .filter(super::among(
                     Expr::col((lead::Entity, lead::Column::Id)),
                     candidates,
-                    self.db.get_database_backend(),
+                    self.routing.get_database_backend(),
                 ))
                 .filter(lead::Column::State.eq(LeadState::Unsold.as_str()))
-                .exec(&self.db)
+                .exec(&self.routing)
                 .await?
                 .rows_affected;
             requeued += moved;
@@ -832,7 +832,7 @@ impl Store {
         attempt_id: &str,
         sale: SaleOf<'_>,
     ) -> Result<bool, DbErr> {
-        let txn = self.db.begin().await?;
+        let txn = self.routing.begin().await?;
         let sold = insert_sale(&txn, sale.row(attempt_id)).await?;
         mark_sold(&txn, &[sale.lead_id]).await?;
         txn.commit().await?;

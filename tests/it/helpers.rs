@@ -388,6 +388,22 @@ pub async fn wait_for_pending(app: &TestApp, count: usize) {
     .await;
 }
 
+/// Every connection of the readers' pool, each held by an open transaction
+/// (as a saturating load of reads would hold them): taken until one is not
+/// given within the app's `acquire_timeout`, which must be under 2 s.
+pub async fn hold_every_reader_connection(app: &TestApp) -> Vec<sea_orm::DatabaseTransaction> {
+    use sea_orm::TransactionTrait;
+
+    let mut held = Vec::new();
+    while let Ok(Ok(txn)) =
+        actix_web::rt::time::timeout(Duration::from_secs(2), app.store.connection().begin()).await
+    {
+        held.push(txn);
+    }
+    assert!(!held.is_empty());
+    held
+}
+
 /// `count` valid leads of the `website` source, stored (in `received`)
 /// without the router being told: a sweep finds them.
 pub async fn stored_leads(store: &Store, count: usize) -> Vec<leadrouter::domain::LeadId> {

@@ -816,7 +816,6 @@ async fn over_max_pending_intake_answers_503_with_retry_after_and_keeps_nothing(
 
 async fn intake_stays_accepted_while_routing_and_pollers_load_the_database(backend: Backend) {
     use crate::buyers::{Answer, BuyerConfig, TestBuyer};
-    use sea_orm::TransactionTrait;
 
     let slow = TestBuyer::start(
         Answer::Accept {
@@ -834,15 +833,9 @@ async fn intake_stays_accepted_while_routing_and_pollers_load_the_database(backe
         settings.database.acquire_timeout = Duration::from_millis(500);
     })
     .await;
-    // Routing and readers take every connection of their pool (here: held
-    // by the test, as a saturating load would hold them).
-    let mut held = Vec::new();
-    while let Ok(Ok(txn)) =
-        actix_web::rt::time::timeout(Duration::from_secs(2), app.store.connection().begin()).await
-    {
-        held.push(txn);
-    }
-    assert!(!held.is_empty());
+    // Readers take every connection of their pool while the slow buyer
+    // keeps routing's busy.
+    let held = crate::helpers::hold_every_reader_connection(&app).await;
     let polling = std::cell::Cell::new(true);
     let pollers = join_all((0..10).map(|_| async {
         let mut polls = 0;

@@ -32,6 +32,7 @@ on_both_databases!(
     a_lead_taken_over_after_a_lost_settle_is_finished_from_its_history,
     leads_beyond_the_routers_room_are_sold_as_walks_end,
     every_pings_answer_is_written_though_no_post_follows_it,
+    a_lead_is_sold_while_readers_hold_every_connection_of_theirs,
 );
 
 fn attempts_of(view: &Value) -> Vec<(String, String, String)> {
@@ -1024,4 +1025,31 @@ fn threads_by_name() -> Vec<(String, i32)> {
             (name, nice)
         })
         .collect()
+}
+
+/// Routing has connections of its own: with every connection of the
+/// readers' pool held (an operator's slow report, a flood of status polls,
+/// here the test's own transactions), a lead is still claimed, pinged and
+/// posted, and sold once the readers let go.
+async fn a_lead_is_sold_while_readers_hold_every_connection_of_theirs(backend: Backend) {
+    let buyer = TestBuyer::start(accept(), accept());
+    let config = BuyerConfig::new("acme", 10).toml(&buyer.base);
+    let app = spawn_app_adjusted(backend, &config, |settings| {
+        settings.database.acquire_timeout = Duration::from_millis(500);
+    })
+    .await;
+    let held = crate::helpers::hold_every_reader_connection(&app).await;
+    let id = app
+        .submit(json!({"email": "ann@example.com", "phone": "5550101234", "state": "CA"}))
+        .await;
+    wait_until(
+        "the buyer to be posted the lead",
+        Duration::from_secs(20),
+        || async { !buyer.calls("post").is_empty() },
+    )
+    .await;
+    drop(held);
+    let view = app.wait_for_state(&id, "sold").await;
+    assert_eq!(view["sold_to"], "acme");
+    assert_eq!(sales_of(&app, &id).await, 1);
 }
