@@ -103,8 +103,8 @@ impl AttemptWriter {
     /// thread's work), with at most `groups_in_flight` group commits
     /// running at once (the store runs one; on PostgreSQL more overlap
     /// their commits, but one group gathering while the previous commits
-    /// costs the database less per write). Each walk awaits one write before it
-    /// sends the next, so a lead's writes never race each other across
+    /// costs the database less per write). Each walk awaits one write
+    /// before it sends the next, so a lead's writes never race each other across
     /// groups; groups lock cap counters in buyer order, so overlapping
     /// groups cannot deadlock on them. With `intake_first` (SQLite), each
     /// group waits first for intake's writes under way (`intake_first`).
