@@ -24,9 +24,9 @@ use crate::buyer::accept::AcceptCheck;
 use crate::buyer::board::{Board, BuyerStatus};
 use crate::buyer::breaker::{Admission, Breaker, CircuitState};
 use crate::buyer::latency::Latencies;
-use crate::buyer::recorded_call::{make_call, CallPlan, Offered};
+use crate::buyer::recorded_call::{make_call, CallPlan, CallSlot, Offered};
 use crate::buyer::request::{self, LeadOffer, PingResult};
-use crate::buyer::slots::{Slot, Slots};
+use crate::buyer::slots::Slots;
 use crate::config::{BuyerSettings, PayoutRule};
 use crate::domain::{AttemptKind, CallKind, CallOutcome, ClaimToken, LeadId, SkipReason};
 use crate::metrics::Metrics;
@@ -96,6 +96,11 @@ pub struct ReofferLeads {
 pub struct Reconfigure {
     pub settings: Arc<BuyerSettings>,
 }
+
+/// A ping took its slot once its row was written: the status counts it.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct SlotTaken;
 
 pub struct Buyer {
     settings: Arc<BuyerSettings>,
@@ -265,7 +270,7 @@ impl Buyer {
     }
 
     /// Everything the call needs, from the offer and our settings.
-    fn plan(&self, offer: OfferLead, slot: Slot, inject_panic: bool) -> Option<CallPlan> {
+    fn plan(&self, offer: OfferLead, slot: CallSlot, inject_panic: bool) -> Option<CallPlan> {
         let client = self.client.clone()?;
         let settings = self.settings_for(&offer);
         let request = request::build(
@@ -475,9 +480,14 @@ impl Handler<OfferLead> for Buyer {
         if self.breaker.state() == CircuitState::Open {
             return self.skip(&offer, SkipReason::CircuitOpen);
         }
-        let waiting = self
-            .slots
-            .take(self.settings.max_concurrency, self.settings.queue_timeout);
+        let address = ctx.address();
+        let waiting = CallSlot::for_call(
+            offer.kind,
+            &self.slots,
+            self.settings.max_concurrency,
+            self.settings.queue_timeout,
+            Box::new(move || address.do_send(SlotTaken)),
+        );
         self.publish();
         Box::pin(waiting.into_actor(self).then(move |slot, buyer, ctx| {
             let Some(slot) = slot else {
@@ -520,6 +530,14 @@ impl Handler<OfferLead> for Buyer {
                 }),
             )
         }))
+    }
+}
+
+impl Handler<SlotTaken> for Buyer {
+    type Result = ();
+
+    fn handle(&mut self, _: SlotTaken, _: &mut Context<Self>) {
+        self.publish();
     }
 }
 

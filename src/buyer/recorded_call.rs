@@ -1,6 +1,7 @@
 //! One call as history: its attempt row first (under the lead's claim, a
-//! post with its cap slots), then the exchange (after which the buyer's
-//! concurrency slot is given back), then the answer written
+//! post with its cap slots), then the exchange (holding one of the buyer's
+//! concurrency slots, given back once the buyer answered; see `CallSlot`
+//! for when it is taken), then the answer written
 //! onto the row, and for an accepted post its sale in the same commit (the
 //! one door for a sale, used by waterfalls and retries alike). An answer
 //! that cannot be written is reported as such: the walk must stop, since
@@ -11,10 +12,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::LocalBoxFuture;
+use futures_util::FutureExt;
+
 use super::accept::{number_at, text_at, AcceptCheck};
 use super::call::{exchange, Exchange};
 use super::request::{BuyerRequest, PingResult};
-use super::slots::Slot;
+use super::slots::{Slot, Slots};
 use crate::config::{BuyerSettings, PayoutRule};
 use crate::domain::{AttemptKind, CallKind, CallOutcome, SkipReason};
 use crate::metrics::Metrics;
@@ -64,12 +68,61 @@ pub struct CallPlan {
     /// What the lead's source is paid if the post sells it.
     pub payout: PayoutRule,
     pub client: awc::Client,
-    /// The buyer's slot this call holds: given back once the buyer answered.
-    pub slot: Slot,
+    /// The buyer's slot this call holds, or takes once its row is written.
+    pub slot: CallSlot,
     /// Fault injection for supervision tests: panic after the row is written.
     pub inject_panic: bool,
     /// A ping's answer is handed back unwritten, for the walk's next row.
     pub hold_answer: bool,
+}
+
+/// When a call takes one of its buyer's slots, which bound the calls the
+/// buyer has in flight. A ping takes it once its row is written, so that
+/// the slot is held for the exchange alone: the row's group commit took 4
+/// of the 26 ms a slot was held at 20 ms buyers, and the busiest buyer's
+/// slots bounded the routed rate. An interrupted ping is harmless (recovery
+/// settles it as an `error`, and the walk goes on). A post takes its slot
+/// before its row: recovery makes the lead of an interrupted post
+/// `unknown`, so no post row may wait for a slot it might not get.
+pub enum CallSlot {
+    /// Taken before the row was written.
+    Taken(Slot),
+    /// To be taken once the row is written, within `patience`; none free
+    /// by then and the row becomes a `busy` skip. `taken` tells the buyer
+    /// (its status counts the calls in flight).
+    AfterTheRow {
+        slots: Slots,
+        limit: u32,
+        patience: Duration,
+        taken: Box<dyn FnOnce()>,
+    },
+}
+
+impl CallSlot {
+    /// A post's slot now or within `patience` (`None`: none freed in
+    /// time, the buyer is busy); a ping's, for later (`taken` is called
+    /// when it is).
+    pub fn for_call(
+        kind: CallKind,
+        slots: &Slots,
+        limit: u32,
+        patience: Duration,
+        taken: Box<dyn FnOnce()>,
+    ) -> LocalBoxFuture<'static, Option<CallSlot>> {
+        match kind {
+            CallKind::Ping => futures_util::future::ready(Some(CallSlot::AfterTheRow {
+                slots: slots.clone(),
+                limit,
+                patience,
+                taken,
+            }))
+            .boxed_local(),
+            CallKind::Post => slots
+                .take(limit, patience)
+                .map(|slot| slot.map(CallSlot::Taken))
+                .boxed_local(),
+        }
+    }
 }
 
 /// The call: attempt row first, then the request, then the row's end.
@@ -111,6 +164,21 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
     if inject_panic {
         panic!("injected fault: buyer {} panics during a call", settings.id);
     }
+    let slot = match slot {
+        CallSlot::Taken(slot) => slot,
+        CallSlot::AfterTheRow {
+            slots,
+            limit,
+            patience,
+            taken,
+        } => match slots.take(limit, patience).await {
+            Some(slot) => {
+                taken();
+                slot
+            }
+            None => return skipped_as_busy(&store, &metrics, &settings.id, &attempt_id).await,
+        },
+    };
     let span = tracing::info_span!("attempt", %lead_id, buyer_id = %settings.id, kind = kind.as_str(), %attempt_id);
     let answer = exchange(&client, kind, &request, timeout, &check).await;
     drop(slot);
@@ -169,6 +237,26 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
         Err(error) => {
             tracing::error!(%error, %lead_id, "could not complete the attempt row");
             Offered::Unrecorded(report)
+        }
+    }
+}
+
+/// A call whose row is written found no free slot in time: the row
+/// becomes the `busy` skip it is. Should that fail, nothing more is sent
+/// for the lead (the row stays `in_flight`, and recovery settles it).
+async fn skipped_as_busy(
+    store: &Store,
+    metrics: &Metrics,
+    buyer_id: &str,
+    attempt_id: &str,
+) -> Offered {
+    let reason = SkipReason::Busy;
+    metrics.attempt(buyer_id, AttemptKind::Skip.as_str(), reason.as_str());
+    match store.call_skipped(attempt_id, reason).await {
+        Ok(_) => Offered::Skipped(reason),
+        Err(error) => {
+            tracing::error!(%error, %attempt_id, "could not turn the call's row into a busy skip");
+            Offered::NotRecorded
         }
     }
 }

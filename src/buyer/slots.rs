@@ -2,7 +2,9 @@
 //! beyond it wait (oldest first) at most `queue_timeout` for a free slot,
 //! else the buyer is skipped as `busy`. A slot is a `Slot` guard: it is
 //! given back when dropped, which a call does as soon as the buyer has
-//! answered (writing the answer down is our work, not the buyer's).
+//! answered (writing the answer down is our work, not the buyer's). A ping
+//! takes its slot only once its row is written, for the same reason
+//! (`recorded_call::CallSlot`).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -13,7 +15,8 @@ use futures_util::future::LocalBoxFuture;
 use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
-#[derive(Debug, Default)]
+/// Clones share the same slots.
+#[derive(Debug, Default, Clone)]
 pub struct Slots {
     state: Rc<RefCell<State>>,
 }

@@ -804,6 +804,37 @@ impl Store {
             .await
     }
 
+    /// A call's row that never went out (its buyer had no free slot in
+    /// time), rewritten as the skip it became while still `in_flight`
+    /// (`Stale` when recovery settled it meanwhile).
+    pub async fn call_skipped(
+        &self,
+        attempt_id: &str,
+        reason: SkipReason,
+    ) -> Result<Written, DbErr> {
+        let skipped = attempt::Entity::update_many()
+            .col_expr(
+                attempt::Column::Kind,
+                Expr::value(AttemptKind::Skip.as_str()),
+            )
+            .col_expr(
+                attempt::Column::Outcome,
+                Expr::value(AttemptOutcome::Skip(reason).as_str()),
+            )
+            .col_expr(attempt::Column::Reason, Expr::value(reason.as_str()))
+            .col_expr(attempt::Column::DurationMs, Expr::value(0))
+            .filter(attempt::Column::Id.eq(attempt_id))
+            .filter(attempt::Column::Outcome.eq(AttemptOutcome::InFlight.as_str()))
+            .exec(&self.routing)
+            .await?
+            .rows_affected;
+        Ok(if skipped == 1 {
+            Written::Done
+        } else {
+            Written::Stale
+        })
+    }
+
     /// The one door for a sale made by a call: the accepted post's answer,
     /// its sale row and the lead's `sold`, in one commit. `AlreadySold`
     /// when the lead had a sale (the unique index), `Stale` when recovery

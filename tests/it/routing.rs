@@ -25,6 +25,8 @@ on_both_databases!(
     two_buyers_that_both_accept_make_one_sale,
     the_breaker_opens_skips_half_opens_closes_and_the_skipped_leads_are_sold,
     a_busy_buyer_is_skipped_after_its_queue_timeout,
+    a_ping_that_finds_no_free_slot_becomes_a_busy_skip,
+    a_buyers_status_counts_the_ping_it_is_answering,
     filters_caps_and_test_leads_are_skipped_with_a_reason,
     intake_answers_at_once_while_every_buyer_hangs,
     an_operator_opens_and_closes_a_circuit,
@@ -449,6 +451,92 @@ async fn a_busy_buyer_is_skipped_after_its_queue_timeout(backend: Backend) {
     }
     buyers.sort();
     assert_eq!(buyers, ["narrow", "wide"]);
+}
+
+/// A ping takes its slot once its row is written: the row of a ping that
+/// found no slot in time becomes the `busy` skip, and is never sent.
+async fn a_ping_that_finds_no_free_slot_becomes_a_busy_skip(backend: Backend) {
+    let narrow = TestBuyer::start(
+        Answer::Accept {
+            delay: Duration::from_millis(1500),
+        },
+        accept(),
+    );
+    let wide = TestBuyer::start(accept(), accept());
+    let config = BuyerConfig {
+        extra: "max_concurrency = 1\nqueue_timeout = \"200ms\"",
+        ..BuyerConfig::new("narrow", 1)
+    }
+    .toml(&narrow.base)
+        + &BuyerConfig::new("wide", 2).toml(&wide.base);
+    let app = spawn_app_with(backend, &config).await;
+    let ids =
+        join_all((0..2).map(|n| app.submit(json!({"email": format!("ping{n}@example.com")}))))
+            .await;
+    let mut sold_to = Vec::new();
+    for id in &ids {
+        let view = app.wait_for_state(id, "sold").await;
+        let buyer = view["sold_to"].as_str().unwrap().to_string();
+        let attempts = attempts_of(&view);
+        if buyer == "wide" {
+            assert_eq!(
+                attempts,
+                [
+                    row("narrow", "skip", "busy"),
+                    row("wide", "ping", "accepted"),
+                    row("wide", "post", "accepted"),
+                ],
+                "the waiting ping's row became the skip, nothing left in flight"
+            );
+            assert_eq!(view["attempts"][0]["reason"], "busy");
+        } else {
+            assert_eq!(
+                attempts,
+                [
+                    row("narrow", "ping", "accepted"),
+                    row("narrow", "post", "accepted"),
+                ]
+            );
+        }
+        sold_to.push(buyer);
+    }
+    sold_to.sort();
+    assert_eq!(sold_to, ["narrow", "wide"]);
+    assert_eq!(
+        narrow.calls("ping").len(),
+        1,
+        "the skipped ping was never sent"
+    );
+}
+
+/// A ping takes its slot after its row is written, away from the buyer
+/// actor's turn: the status shows it in flight all the same.
+async fn a_buyers_status_counts_the_ping_it_is_answering(backend: Backend) {
+    let slow = TestBuyer::start(
+        Answer::Accept {
+            delay: Duration::from_secs(3),
+        },
+        accept(),
+    );
+    let config = BuyerConfig {
+        ping_timeout: Some("10s"),
+        ..BuyerConfig::new("slow", 1)
+    }
+    .toml(&slow.base);
+    let app = spawn_app_with(backend, &config).await;
+    let id = app.submit(json!({"email": "counted@example.com"})).await;
+    wait_until(
+        "the ping counted in flight",
+        Duration::from_secs(3),
+        || async { buyer_status(&app, "slow").await["in_flight"] == 1 },
+    )
+    .await;
+    assert!(slow.calls("post").is_empty(), "still answering the ping");
+    app.wait_for_state(&id, "sold").await;
+    wait_until("the slots given back", Duration::from_secs(5), || async {
+        buyer_status(&app, "slow").await["in_flight"] == 0
+    })
+    .await;
 }
 
 async fn filters_caps_and_test_leads_are_skipped_with_a_reason(backend: Backend) {
