@@ -19,6 +19,7 @@ use crate::process::{journals_in, server_of, through, Service, ServiceConfig, Tc
 on_both_databases!(
     kill_9_after_a_burst_loses_no_acknowledged_lead,
     kill_9_during_a_post_leaves_the_lead_unknown_and_never_resends,
+    kill_9_while_a_ping_waits_for_a_slot_sends_it_never,
     a_panicking_buyer_actor_is_restarted_and_its_lead_finished,
     sigterm_refuses_leads_releases_leases_and_exits_zero,
     leads_unsold_in_an_outage_are_sold_after_kill_9_once_the_buyer_is_back,
@@ -178,6 +179,88 @@ async fn kill_9_during_a_post_leaves_the_lead_unknown_and_never_resends(backend:
         alerts.iter().any(|alert| alert.kind == "post_timeout"),
         "an alert was raised"
     );
+}
+
+/// A ping takes its slot after its row is written: killed while one
+/// waits for a slot, its row is settled as an interrupted `error` and it
+/// was never sent; the walk goes on after the restart.
+async fn kill_9_while_a_ping_waits_for_a_slot_sends_it_never(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
+    let narrow = TestBuyer::start(
+        Answer::Accept {
+            delay: Duration::from_secs(60),
+        },
+        accept(),
+    );
+    let wide = TestBuyer::start(accept(), accept());
+    let buyers = BuyerConfig {
+        ping_timeout: Some("90s"),
+        extra: "max_concurrency = 1\nqueue_timeout = \"60s\"",
+        ..BuyerConfig::new("narrow", 1)
+    }
+    .toml(&narrow.base)
+        + &BuyerConfig::new("wide", 2).toml(&wide.base);
+    let config = ServiceConfig::write(&database.url, "2s", &buyers);
+    let mut service = Service::start(&config).await;
+    let mut ids = Vec::new();
+    for key in ["first-ping", "second-ping"] {
+        let answer = service.app.post_feed_lead(&feed_lead(key)).await;
+        ids.push(answer.json()["submission_id"].as_str().unwrap().to_string());
+    }
+    let narrow_pings_in_flight = || async {
+        attempt::Entity::find()
+            .filter(attempt::Column::BuyerId.eq("narrow"))
+            .filter(attempt::Column::Outcome.eq("in_flight"))
+            .all(service.app.store.connection())
+            .await
+            .unwrap()
+            .len()
+    };
+    wait_until(
+        "one ping sent, the other's row written and waiting for the slot",
+        Duration::from_secs(20),
+        || async { narrow.calls("ping").len() == 1 && narrow_pings_in_flight().await == 2 },
+    )
+    .await;
+    service.kill_9();
+    let sent_before_the_kill = narrow.calls_per_lead("ping");
+    let waiting: Vec<&String> = ids
+        .iter()
+        .filter(|id| !sent_before_the_kill.contains_key(*id))
+        .collect();
+    assert_eq!(
+        (sent_before_the_kill.len(), waiting.len()),
+        (1, 1),
+        "only the slot holder's ping went out, not the waiting one"
+    );
+
+    narrow.set_ping(Answer::Reject);
+    let service = Service::start(&config).await;
+    for id in &ids {
+        let view = service.app.wait_for_state(id, "sold").await;
+        assert_eq!(view["sold_to"], "wide");
+        let narrow_rows: Vec<(String, String, Option<String>)> = attempts_of(&service.app, id)
+            .await
+            .into_iter()
+            .filter(|attempt| attempt.buyer_id == "narrow")
+            .map(|attempt| (attempt.kind, attempt.outcome, attempt.reason))
+            .collect();
+        assert_eq!(
+            narrow_rows[0],
+            ("ping".into(), "error".into(), Some("interrupted".into())),
+            "the row in flight at the kill is settled as interrupted"
+        );
+        assert!(narrow_rows[1..]
+            .iter()
+            .all(|(_, outcome, _)| outcome == "rejected"));
+        let sent = narrow.calls_per_lead("ping").get(id).copied().unwrap_or(0);
+        let sent_before = sent_before_the_kill.get(id).copied().unwrap_or(0);
+        assert_eq!(
+            sent - sent_before,
+            narrow_rows.len() - 1,
+            "after the restart, one ping per new row"
+        );
+    }
 }
 
 async fn a_panicking_buyer_actor_is_restarted_and_its_lead_finished(backend: Backend) {
