@@ -422,16 +422,24 @@ async fn the_breaker_opens_skips_half_opens_closes_and_the_skipped_leads_are_sol
     );
 }
 
-async fn a_busy_buyer_is_skipped_after_its_queue_timeout(backend: Backend) {
-    let narrow = TestBuyer::start(
-        accept(),
-        Answer::Accept {
-            delay: Duration::from_millis(1500),
-        },
-    );
+/// Two leads at once, to `narrow` (one slot, a 200 ms `queue_timeout`, its
+/// pings or, without a ping, its posts answered after 1.5 s) and then to
+/// `wide`: `narrow`, and each lead's view once sold.
+async fn two_leads_at_a_one_slot_buyer(
+    backend: Backend,
+    with_ping: bool,
+) -> (TestBuyer, Vec<Value>) {
+    let slow = Answer::Accept {
+        delay: Duration::from_millis(1500),
+    };
+    let narrow = if with_ping {
+        TestBuyer::start(slow, accept())
+    } else {
+        TestBuyer::start(accept(), slow)
+    };
     let wide = TestBuyer::start(accept(), accept());
     let config = BuyerConfig {
-        ping_timeout: None,
+        ping_timeout: with_ping.then_some("2s"),
         extra: "max_concurrency = 1\nqueue_timeout = \"200ms\"",
         ..BuyerConfig::new("narrow", 1)
     }
@@ -441,67 +449,42 @@ async fn a_busy_buyer_is_skipped_after_its_queue_timeout(backend: Backend) {
     let ids =
         join_all((0..2).map(|n| app.submit(json!({"email": format!("busy{n}@example.com")}))))
             .await;
-    let mut buyers = Vec::new();
+    let mut views = Vec::new();
     for id in &ids {
-        let view = app.wait_for_state(id, "sold").await;
-        buyers.push(view["sold_to"].as_str().unwrap().to_string());
-        if view["sold_to"] == "wide" {
-            assert_eq!(view["attempts"][0]["reason"], "busy");
-        }
+        views.push(app.wait_for_state(id, "sold").await);
     }
-    buyers.sort();
-    assert_eq!(buyers, ["narrow", "wide"]);
+    views.sort_by_key(|view| view["sold_to"].as_str().unwrap().to_string());
+    let sold_to: Vec<&Value> = views.iter().map(|view| &view["sold_to"]).collect();
+    assert_eq!(sold_to, ["narrow", "wide"]);
+    (narrow, views)
+}
+
+async fn a_busy_buyer_is_skipped_after_its_queue_timeout(backend: Backend) {
+    let (_, views) = two_leads_at_a_one_slot_buyer(backend, false).await;
+    assert_eq!(views[1]["attempts"][0]["reason"], "busy");
 }
 
 /// A ping takes its slot once its row is written: the row of a ping that
 /// found no slot in time becomes the `busy` skip, and is never sent.
 async fn a_ping_that_finds_no_free_slot_becomes_a_busy_skip(backend: Backend) {
-    let narrow = TestBuyer::start(
-        Answer::Accept {
-            delay: Duration::from_millis(1500),
-        },
-        accept(),
+    let (narrow, views) = two_leads_at_a_one_slot_buyer(backend, true).await;
+    assert_eq!(
+        attempts_of(&views[0]),
+        [
+            row("narrow", "ping", "accepted"),
+            row("narrow", "post", "accepted"),
+        ]
     );
-    let wide = TestBuyer::start(accept(), accept());
-    let config = BuyerConfig {
-        extra: "max_concurrency = 1\nqueue_timeout = \"200ms\"",
-        ..BuyerConfig::new("narrow", 1)
-    }
-    .toml(&narrow.base)
-        + &BuyerConfig::new("wide", 2).toml(&wide.base);
-    let app = spawn_app_with(backend, &config).await;
-    let ids =
-        join_all((0..2).map(|n| app.submit(json!({"email": format!("ping{n}@example.com")}))))
-            .await;
-    let mut sold_to = Vec::new();
-    for id in &ids {
-        let view = app.wait_for_state(id, "sold").await;
-        let buyer = view["sold_to"].as_str().unwrap().to_string();
-        let attempts = attempts_of(&view);
-        if buyer == "wide" {
-            assert_eq!(
-                attempts,
-                [
-                    row("narrow", "skip", "busy"),
-                    row("wide", "ping", "accepted"),
-                    row("wide", "post", "accepted"),
-                ],
-                "the waiting ping's row became the skip, nothing left in flight"
-            );
-            assert_eq!(view["attempts"][0]["reason"], "busy");
-        } else {
-            assert_eq!(
-                attempts,
-                [
-                    row("narrow", "ping", "accepted"),
-                    row("narrow", "post", "accepted"),
-                ]
-            );
-        }
-        sold_to.push(buyer);
-    }
-    sold_to.sort();
-    assert_eq!(sold_to, ["narrow", "wide"]);
+    assert_eq!(
+        attempts_of(&views[1]),
+        [
+            row("narrow", "skip", "busy"),
+            row("wide", "ping", "accepted"),
+            row("wide", "post", "accepted"),
+        ],
+        "the waiting ping's row became the skip, nothing left in flight"
+    );
+    assert_eq!(views[1]["attempts"][0]["reason"], "busy");
     assert_eq!(
         narrow.calls("ping").len(),
         1,
