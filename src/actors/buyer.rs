@@ -6,7 +6,8 @@
 //!
 //! Started by the `Router` (under `actix::Supervisor`), which receives its
 //! `ReofferLeads` requests. Handles `OfferLead` (one ping or post),
-//! `ForceCircuit` and `Reconfigure`. Calls run concurrently (the mailbox
+//! `ForceCircuit`, `Reconfigure`, and `SlotTaken` (a ping's slot, taken
+//! once its row is written, shown in the status). Calls run concurrently (the mailbox
 //! keeps draining while requests are out). Nothing durable lives here:
 //! after a restart, slots, probes and counters start again, and the
 //! attempts already written stay in the database for recovery.
