@@ -812,27 +812,10 @@ impl Store {
         attempt_id: &str,
         reason: SkipReason,
     ) -> Result<Written, DbErr> {
-        let skipped = attempt::Entity::update_many()
-            .col_expr(
-                attempt::Column::Kind,
-                Expr::value(AttemptKind::Skip.as_str()),
-            )
-            .col_expr(
-                attempt::Column::Outcome,
-                Expr::value(AttemptOutcome::Skip(reason).as_str()),
-            )
-            .col_expr(attempt::Column::Reason, Expr::value(reason.as_str()))
-            .col_expr(attempt::Column::DurationMs, Expr::value(0))
-            .filter(attempt::Column::Id.eq(attempt_id))
-            .filter(attempt::Column::Outcome.eq(AttemptOutcome::InFlight.as_str()))
-            .exec(&self.routing)
-            .await?
-            .rows_affected;
-        Ok(if skipped == 1 {
-            Written::Done
-        } else {
-            Written::Stale
-        })
+        let id = attempt_id.to_string();
+        self.attempts
+            .write(AttemptWrite::Skipped { id, reason })
+            .await
     }
 
     /// The one door for a sale made by a call: the accepted post's answer,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::Utc;
 use entity::{attempt, lead, sale};
 use futures_util::future::join_all;
-use leadrouter::domain::{AttemptKind, CallOutcome, ClaimToken, LeadId};
+use leadrouter::domain::{AttemptKind, CallOutcome, ClaimToken, LeadId, SkipReason};
 use leadrouter::store::{AttemptEnd, Begun, CapPeriod, CapSlot, SaleOf, Written};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, Database, EntityTrait, QueryFilter, Statement, TransactionTrait,
@@ -49,6 +49,11 @@ async fn writes_sharing_one_commit_each_keep_their_own_conditions(backend: Backe
             .begin_attempt(call(&first, &token, "b2", AttemptKind::PING))
             .await,
     );
+    let waiting_for_a_slot = begun(
+        store
+            .begin_attempt(call(&first, &token, "b6", AttemptKind::PING))
+            .await,
+    );
     let posts: Vec<String> = join_all(
         ["b1", "b2"]
             .map(|buyer| store.begin_attempt(call(&second, &token, buyer, AttemptKind::POST))),
@@ -70,7 +75,7 @@ async fn writes_sharing_one_commit_each_keep_their_own_conditions(backend: Backe
         post
     };
     let stale_token = ClaimToken::fresh();
-    let (begins, finishes, sells) = futures_util::join!(
+    let (begins, finishes, sells, skips) = futures_util::join!(
         join_all([
             store.begin_attempt(call(&third, &token, "b3", AttemptKind::PING)),
             store.begin_attempt(call(&third, &stale_token, "b4", AttemptKind::PING)),
@@ -90,6 +95,10 @@ async fn writes_sharing_one_commit_each_keep_their_own_conditions(backend: Backe
             };
             store.sell(post, end(CallOutcome::Accepted), sale)
         })),
+        join_all([
+            store.call_skipped(&waiting_for_a_slot, SkipReason::Busy),
+            store.call_skipped(&answered, SkipReason::Busy),
+        ]),
     );
 
     let begins: Vec<Begun> = begins.into_iter().map(Result::unwrap).collect();
@@ -132,6 +141,22 @@ async fn writes_sharing_one_commit_each_keep_their_own_conditions(backend: Backe
         .unwrap();
     assert_eq!(in_flight_row.outcome, "accepted");
     assert_eq!(in_flight_row.http_status, Some(200));
+
+    let skips: Vec<Written> = skips.into_iter().map(Result::unwrap).collect();
+    assert_eq!(
+        skips,
+        [Written::Done, Written::Stale],
+        "only a row still in flight becomes a skip"
+    );
+    let skipped_row = attempt::Entity::find_by_id(waiting_for_a_slot)
+        .one(db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (skipped_row.kind.as_str(), skipped_row.outcome.as_str()),
+        ("skip", "busy")
+    );
 
     let mut sells: Vec<Written> = sells.into_iter().map(Result::unwrap).collect();
     sells.sort_by_key(|written| format!("{written:?}"));
