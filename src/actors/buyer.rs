@@ -7,10 +7,10 @@
 //! Started by the `Router` (under `actix::Supervisor`), which receives its
 //! `ReofferLeads` requests. Handles `OfferLead` (one ping or post),
 //! `ForceCircuit`, `Reconfigure`, and `SlotTaken` (a ping's slot, taken
-//! once its row is written, shown in the status). Calls run concurrently (the mailbox
-//! keeps draining while requests are out). Nothing durable lives here:
-//! after a restart, slots, probes and counters start again, and the
-//! attempts already written stay in the database for recovery.
+//! once its row is written, shown in the status). Calls run concurrently
+//! (the mailbox keeps draining while requests are out). Nothing durable
+//! lives here: after a restart, slots, probes and counters start again,
+//! and the attempts already written stay in the database for recovery.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -487,7 +487,7 @@ impl Handler<OfferLead> for Buyer {
             &self.slots,
             self.settings.max_concurrency,
             self.settings.queue_timeout,
-            Box::new(move || address.do_send(SlotTaken)),
+            move || address.do_send(SlotTaken),
         );
         self.publish();
         Box::pin(waiting.into_actor(self).then(move |slot, buyer, ctx| {

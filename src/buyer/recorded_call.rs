@@ -101,20 +101,20 @@ pub enum CallSlot {
 impl CallSlot {
     /// A post's slot now or within `patience` (`None`: none freed in
     /// time, the buyer is busy); a ping's, for later (`taken` is called
-    /// when it is).
+    /// when it is; a post drops it unused).
     pub fn for_call(
         kind: CallKind,
         slots: &Slots,
         limit: u32,
         patience: Duration,
-        taken: Box<dyn FnOnce()>,
+        taken: impl FnOnce() + 'static,
     ) -> LocalBoxFuture<'static, Option<CallSlot>> {
         match kind {
             CallKind::Ping => futures_util::future::ready(Some(CallSlot::AfterTheRow {
                 slots: slots.clone(),
                 limit,
                 patience,
-                taken,
+                taken: Box::new(taken),
             }))
             .boxed_local(),
             CallKind::Post => slots
@@ -252,7 +252,7 @@ async fn skipped_as_busy(
 ) -> Offered {
     let reason = SkipReason::Busy;
     metrics.attempt(buyer_id, AttemptKind::Skip.as_str(), reason.as_str());
-    match store.call_skipped(attempt_id, reason).await {
+    match store.call_skipped_as_busy(attempt_id).await {
         Ok(_) => Offered::Skipped(reason),
         Err(error) => {
             tracing::error!(%error, %attempt_id, "could not turn the call's row into a busy skip");

@@ -69,8 +69,8 @@ pub(super) enum AttemptWrite {
         release: Vec<CapSlot>,
     },
     /// A call's `in_flight` row that never went out (no free slot in
-    /// time), turned into the skip it became.
-    Skipped { id: String, reason: SkipReason },
+    /// time), turned into the `busy` skip it became.
+    Busy { id: String },
     /// An accepted post's answer, its sale and the lead's `sold`, as one.
     Sell {
         id: String,
@@ -238,8 +238,8 @@ async fn commit(db: &DatabaseConnection, writes: &[AttemptWrite]) -> Result<Vec<
 }
 
 /// A group's writes in a few statements, however many there are: the
-/// answers (one UPDATE), calls that never went out turned into skips (one
-/// UPDATE per reason, when there are any), the sales the answers make and
+/// answers (one UPDATE), calls that never went out turned into `busy`
+/// skips (one UPDATE, when there are any), the sales the answers make and
 /// their leads' `sold` (one INSERT, one UPDATE), the claims new rows are
 /// written under (one locking read), cap slots (in buyer order) and the
 /// new rows (one INSERT).
@@ -247,7 +247,7 @@ async fn commit(db: &DatabaseConnection, writes: &[AttemptWrite]) -> Result<Vec<
 async fn apply(txn: &DatabaseTransaction, writes: &[AttemptWrite]) -> Result<Vec<Written>, DbErr> {
     let mut results = vec![Written::Done; writes.len()];
     answer(txn, writes, &mut results).await?;
-    skip_calls(txn, writes, &mut results).await?;
+    skip_busy_calls(txn, writes, &mut results).await?;
     sell(txn, writes, &mut results).await?;
     fence(txn, writes, &mut results).await?;
     take_cap_slots(txn, writes, &mut results).await?;
@@ -269,7 +269,7 @@ async fn answer(
             AttemptWrite::Finish { id, end, .. } | AttemptWrite::Sell { id, end, .. } => {
                 Some((index, id.as_str(), end))
             }
-            AttemptWrite::Insert { .. } | AttemptWrite::Skipped { .. } => None,
+            AttemptWrite::Insert { .. } | AttemptWrite::Busy { .. } => None,
         })
         .collect();
     let brought = writes.iter().filter_map(|write| match write {
@@ -289,58 +289,53 @@ async fn answer(
     Ok(())
 }
 
-/// Rows of calls that never went out, each turned into its skip while
-/// still `in_flight` (else `Stale`): one UPDATE per reason.
-async fn skip_calls(
+/// Rows of calls that never went out, each turned into the `busy` skip
+/// while still `in_flight` (else `Stale`), in one UPDATE.
+async fn skip_busy_calls(
     txn: &DatabaseTransaction,
     writes: &[AttemptWrite],
     results: &mut [Written],
 ) -> Result<(), DbErr> {
-    let skipped: Vec<(usize, &str, SkipReason)> = writes
+    let busy: Vec<(usize, &str)> = writes
         .iter()
         .enumerate()
         .filter_map(|(index, write)| match write {
-            AttemptWrite::Skipped { id, reason } => Some((index, id.as_str(), *reason)),
+            AttemptWrite::Busy { id } => Some((index, id.as_str())),
             _ => None,
         })
         .collect();
-    let mut reasons: Vec<SkipReason> = Vec::new();
-    for &(_, _, reason) in &skipped {
-        if !reasons.contains(&reason) {
-            reasons.push(reason);
-        }
+    if busy.is_empty() {
+        return Ok(());
     }
-    let backend = txn.get_database_backend();
-    for reason in reasons {
-        let ids = skipped
-            .iter()
-            .filter(|&&(_, _, of)| of == reason)
-            .map(|&(_, id, _)| id);
-        let mut statement = Query::update();
-        statement
-            .table(attempt::Entity)
-            .values([
-                (attempt::Column::Kind, AttemptKind::Skip.as_str().into()),
-                (
-                    attempt::Column::Outcome,
-                    AttemptOutcome::Skip(reason).as_str().into(),
-                ),
-                (attempt::Column::Reason, reason.as_str().into()),
-                (attempt::Column::DurationMs, 0i64.into()),
-            ])
-            .and_where(any_of(backend, attempt::Column::Id, ids))
-            .and_where(Expr::col(attempt::Column::Outcome).eq(AttemptOutcome::InFlight.as_str()))
-            .returning(Query::returning().column(attempt::Column::Id));
-        let done: HashSet<String> = txn
-            .query_all(&statement)
-            .await?
-            .iter()
-            .map(|row| row.try_get("", "id"))
-            .collect::<Result<_, _>>()?;
-        for &(index, id, of) in &skipped {
-            if of == reason && !done.contains(id) {
-                results[index] = Written::Stale;
-            }
+    let reason = SkipReason::Busy;
+    let mut statement = Query::update();
+    statement
+        .table(attempt::Entity)
+        .values([
+            (attempt::Column::Kind, AttemptKind::Skip.as_str().into()),
+            (
+                attempt::Column::Outcome,
+                AttemptOutcome::Skip(reason).as_str().into(),
+            ),
+            (attempt::Column::Reason, reason.as_str().into()),
+            (attempt::Column::DurationMs, 0i64.into()),
+        ])
+        .and_where(any_of(
+            txn.get_database_backend(),
+            attempt::Column::Id,
+            busy.iter().map(|&(_, id)| id),
+        ))
+        .and_where(Expr::col(attempt::Column::Outcome).eq(AttemptOutcome::InFlight.as_str()))
+        .returning(Query::returning().column(attempt::Column::Id));
+    let skipped: HashSet<String> = txn
+        .query_all(&statement)
+        .await?
+        .iter()
+        .map(|row| row.try_get("", "id"))
+        .collect::<Result<_, _>>()?;
+    for (index, id) in busy {
+        if !skipped.contains(id) {
+            results[index] = Written::Stale;
         }
     }
     Ok(())
@@ -497,7 +492,7 @@ async fn take_cap_slots(
                 }
             }
             AttemptWrite::Finish { release, .. } => caps::release(txn, release).await?,
-            AttemptWrite::Sell { .. } | AttemptWrite::Skipped { .. } => {}
+            AttemptWrite::Sell { .. } | AttemptWrite::Busy { .. } => {}
         }
     }
     Ok(())
@@ -508,7 +503,7 @@ fn cap_buyer(write: &AttemptWrite) -> Option<&str> {
     let slots = match write {
         AttemptWrite::Insert { caps, .. } => caps,
         AttemptWrite::Finish { release, .. } => release,
-        AttemptWrite::Sell { .. } | AttemptWrite::Skipped { .. } => return None,
+        AttemptWrite::Sell { .. } | AttemptWrite::Busy { .. } => return None,
     };
     slots.first().map(|slot| slot.buyer_id.as_str())
 }

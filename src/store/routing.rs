@@ -805,17 +805,11 @@ impl Store {
     }
 
     /// A call's row that never went out (its buyer had no free slot in
-    /// time), rewritten as the skip it became while still `in_flight`
-    /// (`Stale` when recovery settled it meanwhile).
-    pub async fn call_skipped(
-        &self,
-        attempt_id: &str,
-        reason: SkipReason,
-    ) -> Result<Written, DbErr> {
+    /// time), rewritten as the `busy` skip it became while still
+    /// `in_flight` (`Stale` when recovery settled it meanwhile).
+    pub async fn call_skipped_as_busy(&self, attempt_id: &str) -> Result<Written, DbErr> {
         let id = attempt_id.to_string();
-        self.attempts
-            .write(AttemptWrite::Skipped { id, reason })
-            .await
+        self.attempts.write(AttemptWrite::Busy { id }).await
     }
 
     /// The one door for a sale made by a call: the accepted post's answer,

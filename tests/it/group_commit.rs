@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::Utc;
 use entity::{attempt, lead, sale};
 use futures_util::future::join_all;
-use leadrouter::domain::{AttemptKind, CallOutcome, ClaimToken, LeadId, SkipReason};
+use leadrouter::domain::{AttemptKind, CallOutcome, ClaimToken, LeadId};
 use leadrouter::store::{AttemptEnd, Begun, CapPeriod, CapSlot, SaleOf, Written};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, Database, EntityTrait, QueryFilter, Statement, TransactionTrait,
@@ -96,8 +96,8 @@ async fn writes_sharing_one_commit_each_keep_their_own_conditions(backend: Backe
             store.sell(post, end(CallOutcome::Accepted), sale)
         })),
         join_all([
-            store.call_skipped(&waiting_for_a_slot, SkipReason::Busy),
-            store.call_skipped(&answered, SkipReason::Busy),
+            store.call_skipped_as_busy(&waiting_for_a_slot),
+            store.call_skipped_as_busy(&answered),
         ]),
     );
 
