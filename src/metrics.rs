@@ -61,6 +61,7 @@ struct Inner {
     spool_pending: Gauge,
     intake_pending: Gauge,
     routing_width: Gauge,
+    routing_widest: Gauge,
 }
 
 /// What `/metrics` reads at scrape time.
@@ -125,6 +126,12 @@ impl Default for Metrics {
             "Waterfalls routing may run now: fewer while intake's leads wait longer than usual for their commit",
             routing_width.clone(),
         );
+        let routing_widest = Gauge::default();
+        registry.register(
+            "routing_widest",
+            "Waterfalls routing runs when intake does not compete: twice the enabled buyers' slots, 256 to 4096",
+            routing_widest.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -137,6 +144,7 @@ impl Default for Metrics {
                 spool_pending,
                 intake_pending,
                 routing_width,
+                routing_widest,
             }),
         }
     }
@@ -145,21 +153,27 @@ impl Default for Metrics {
 impl Metrics {
     /// Leads buffered or being written by intake now.
     pub fn intake_pending(&self, leads: usize) {
-        self.inner
-            .intake_pending
-            .set(i64::try_from(leads).unwrap_or(i64::MAX));
+        set_count(&self.inner.intake_pending, leads);
     }
 
     /// Waterfalls the router may run now.
     pub fn routing_width(&self, waterfalls: usize) {
-        self.inner
-            .routing_width
-            .set(i64::try_from(waterfalls).unwrap_or(i64::MAX));
+        set_count(&self.inner.routing_width, waterfalls);
     }
 
     /// The width last set (`routing_width`).
     pub fn routing_width_now(&self) -> u64 {
-        u64::try_from(self.inner.routing_width.get()).unwrap_or(0)
+        count_of(&self.inner.routing_width)
+    }
+
+    /// Waterfalls routing runs at full width (`router::widest`).
+    pub fn routing_widest(&self, waterfalls: usize) {
+        set_count(&self.inner.routing_widest, waterfalls);
+    }
+
+    /// The widest last set (`routing_widest`).
+    pub fn routing_widest_now(&self) -> u64 {
+        count_of(&self.inner.routing_widest)
     }
 
     pub fn intake(&self, outcome: &str, seconds: f64) {
@@ -222,4 +236,13 @@ impl Metrics {
         }
         text
     }
+}
+
+/// A gauge that counts things.
+fn set_count(gauge: &Gauge, count: usize) {
+    gauge.set(i64::try_from(count).unwrap_or(i64::MAX));
+}
+
+fn count_of(gauge: &Gauge) -> u64 {
+    u64::try_from(gauge.get()).unwrap_or(0)
 }

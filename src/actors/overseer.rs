@@ -16,7 +16,7 @@ use super::courier::{CourierEnvironment, Couriers};
 use super::directory::{BuyerDirectory, BuyerHandle};
 use super::drainer::SpoolDrainer;
 use super::intake::IntakeTargets;
-use super::router::Router;
+use super::router::{widest, Router};
 use super::supervision::RestartLog;
 use super::waterfall::RoutingContext;
 use super::yielding::IntakeDelay;
@@ -154,12 +154,14 @@ impl Overseer {
                                 .collect(),
                         );
                     }
+                    let buyers = directory.all();
                     Router::new(
                         Arc::new(routing),
                         sweep_interval,
                         restarts,
                         environment,
                         intake_delay.clone(),
+                        widest(buyers.iter().map(|buyer| &*buyer.settings)),
                     )
                 },
             )

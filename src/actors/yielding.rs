@@ -137,6 +137,17 @@ impl RoutingYield {
         self.width
     }
 
+    pub fn widest(&self) -> usize {
+        self.widest
+    }
+
+    /// A reload changed the buyers, and with them the widest routing
+    /// runs: narrower at once, wider as the next windows allow.
+    pub fn set_widest(&mut self, widest: usize) {
+        self.widest = widest;
+        self.width = self.width.min(widest);
+    }
+
     /// Walks that may start now, with `held` leads held or being claimed:
     /// the width's free places, and while narrower than full width no more
     /// than what is left of this window's width of starts.

@@ -16,7 +16,6 @@ use super::figures::Figures;
 use super::report::start_of_day;
 use super::{Admin, ApiError, AppState};
 use crate::actors::courier::ChannelHealth;
-use crate::actors::router::MAX_ACTIVE_WATERFALLS;
 use crate::domain::LeadState;
 use crate::metrics::Snapshot;
 use crate::store::Money;
@@ -136,7 +135,7 @@ async fn build(request: &HttpRequest, state: &AppState) -> StatusView {
         },
         routing: RoutingWidth {
             width: state.metrics.routing_width_now(),
-            widest: MAX_ACTIVE_WATERFALLS as u64,
+            widest: state.metrics.routing_widest_now(),
         },
         database: database.into(),
         today,

@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 
 use crate::buyers::{accept, refusing_url, Answer, BrokenBuyer, BuyerConfig, TestBuyer};
 use crate::helpers::{
-    open_store, spawn_app_adjusted, spawn_app_with, wait_until, Backend, TestApp, TestDatabase,
-    BUYER_TOKEN,
+    database_url_of, open_store, spawn_app_adjusted, spawn_app_with, wait_until, write_config,
+    Backend, TestApp, TestDatabase, BUYER_TOKEN,
 };
 use crate::on_both_databases;
 
@@ -33,6 +33,7 @@ on_both_databases!(
     templates_reach_buyers_escaped_for_their_content_type,
     a_lead_taken_over_after_a_lost_settle_is_finished_from_its_history,
     leads_beyond_the_routers_room_are_sold_as_walks_end,
+    routing_walks_as_many_leads_as_its_buyers_slots_take,
     every_pings_answer_is_written_though_no_post_follows_it,
     a_lead_is_sold_while_readers_hold_every_connection_of_theirs,
 );
@@ -793,8 +794,9 @@ async fn the_example_configuration_sells_to_mock_buyer() {
     assert!(view["price"].as_f64().unwrap() >= 5.0, "{view}");
 }
 
-/// More leads at once than the router walks (256): those without room wait
-/// as rows, and each is sold once as walks end, with no sweep to find them.
+/// More leads at once than the router walks (256, twice the buyer's 128
+/// slots): those without room wait as rows, and each is sold once as walks
+/// end, with no sweep to find them.
 async fn leads_beyond_the_routers_room_are_sold_as_walks_end(backend: Backend) {
     let slow = Answer::Accept {
         delay: Duration::from_millis(500),
@@ -802,7 +804,7 @@ async fn leads_beyond_the_routers_room_are_sold_as_walks_end(backend: Backend) {
     let buyer = TestBuyer::start(slow, accept());
     let config = BuyerConfig {
         ping_timeout: Some("10s"),
-        extra: "max_concurrency = 400",
+        extra: "max_concurrency = 128\nqueue_timeout = \"60s\"",
         ..BuyerConfig::new("slow", 1)
     }
     .toml(&buyer.base);
@@ -833,6 +835,70 @@ async fn leads_beyond_the_routers_room_are_sold_as_walks_end(backend: Backend) {
     let pings = buyer.calls_per_lead("ping");
     assert_eq!(pings.len() as u64, leads);
     assert!(pings.values().all(|&calls| calls == 1), "{pings:?}");
+}
+
+/// Routing runs as many walks as its buyers' slots can take, twice their
+/// sum: more than the 256 it runs at least, when the buyers are wide.
+/// Every one of 300 leads is pinged at once by a buyer with 300 slots
+/// that never answers; then a reload to a narrow buyer narrows routing
+/// again.
+async fn routing_walks_as_many_leads_as_its_buyers_slots_take(backend: Backend) {
+    let buyer = TestBuyer::start(Answer::Hang, accept());
+    let wide = BuyerConfig {
+        ping_timeout: Some("60s"),
+        extra: "max_concurrency = 300",
+        ..BuyerConfig::new("wide", 1)
+    };
+    let app = spawn_app_with(backend, &wide.toml(&buyer.base)).await;
+    let status = app.send(app.client.get(app.url("/v1/status")), "").await;
+    assert_eq!(status.json()["routing"]["widest"], 600);
+
+    let leads = 300;
+    let answers = join_all((0..leads).map(|n| {
+        app.post_feed_lead_owned(
+            json!({"email": format!("wide{n}@example.com"), "lead_id": format!("wide-{n}")}),
+        )
+    }))
+    .await;
+    assert!(answers.iter().all(|answer| answer.status == 200));
+    wait_until(
+        "every lead's ping at the buyer at once",
+        Duration::from_secs(30),
+        || async { buyer.calls("ping").len() == leads },
+    )
+    .await;
+    assert_eq!(buyer_status(&app, "wide").await["in_flight"], leads);
+
+    let narrow = BuyerConfig::new("narrow", 1).toml(&buyer.base);
+    write_config(
+        app.config_path.as_ref().unwrap(),
+        &database_url_of(&app),
+        &narrow,
+    );
+    let reloaded = app.admin_send("POST", "/v1/admin/reload", json!({})).await;
+    assert_eq!(reloaded.status, 200, "{}", reloaded.text());
+    let status = app.send(app.client.get(app.url("/v1/status")), "").await;
+    assert_eq!(status.json()["routing"]["widest"], 256);
+}
+
+/// The widest routing runs: twice the enabled buyers' slots, no fewer than
+/// 256 walks and no more than 4096.
+#[test]
+fn routing_is_as_wide_as_twice_the_enabled_buyers_slots() {
+    use leadrouter::actors::router::widest;
+    let buyer = |max_concurrency, enabled| leadrouter::config::BuyerSettings {
+        max_concurrency,
+        enabled,
+        ..crate::buyers::example_buyer("http://127.0.0.1:9")
+    };
+    assert_eq!(widest(&[buyer(4, true)]), 256, "the fewest");
+    assert_eq!(widest(&[buyer(100, true), buyer(100, true)]), 400);
+    assert_eq!(
+        widest(&[buyer(100, true), buyer(900, false)]),
+        256,
+        "a disabled buyer's slots take no walks"
+    );
+    assert_eq!(widest(&[buyer(3000, true)]), 4096, "the most");
 }
 
 /// On PostgreSQL the routing pool plans each statement for its values: a
@@ -905,7 +971,8 @@ async fn a_backlog_found_by_a_sweep_refreshes_the_planner_statistics() {
 
 /// The router's floor (`yielding::FLOOR`) and full width.
 const FLOOR: usize = 32;
-const WIDEST: usize = 256;
+/// Twice the buyer's 400 slots (`yielding_app`).
+const WIDEST: usize = 800;
 
 /// An app on PostgreSQL selling to `buyer` only, swept every 100 ms.
 async fn yielding_app(buyer: &TestBuyer, ping_timeout: &str) -> TestApp {
