@@ -794,6 +794,17 @@ async fn the_example_configuration_sells_to_mock_buyer() {
     assert!(view["price"].as_f64().unwrap() >= 5.0, "{view}");
 }
 
+/// `count` feed leads sent at once, each accepted.
+async fn feed_leads_at_once(app: &TestApp, prefix: &str, count: usize) {
+    let answers = join_all((0..count).map(|n| {
+        app.post_feed_lead_owned(
+            json!({"email": format!("{prefix}{n}@example.com"), "lead_id": format!("{prefix}-{n}")}),
+        )
+    }))
+    .await;
+    assert!(answers.iter().all(|answer| answer.status == 200));
+}
+
 /// More leads at once than the router walks (256, twice the buyer's 128
 /// slots): those without room wait as rows, and each is sold once as walks
 /// end, with no sweep to find them.
@@ -813,13 +824,7 @@ async fn leads_beyond_the_routers_room_are_sold_as_walks_end(backend: Backend) {
     })
     .await;
     let leads = 320;
-    let answers = join_all((0..leads).map(|n| {
-        app.post_feed_lead_owned(
-            json!({"email": format!("room{n}@example.com"), "lead_id": format!("room-{n}")}),
-        )
-    }))
-    .await;
-    assert!(answers.iter().all(|answer| answer.status == 200));
+    feed_leads_at_once(&app, "room", leads as usize).await;
 
     let db = app.store.connection();
     wait_until("every lead to be sold", Duration::from_secs(60), || async {
@@ -854,13 +859,7 @@ async fn routing_walks_as_many_leads_as_its_buyers_slots_take(backend: Backend) 
     assert_eq!(status.json()["routing"]["widest"], 600);
 
     let leads = 300;
-    let answers = join_all((0..leads).map(|n| {
-        app.post_feed_lead_owned(
-            json!({"email": format!("wide{n}@example.com"), "lead_id": format!("wide-{n}")}),
-        )
-    }))
-    .await;
-    assert!(answers.iter().all(|answer| answer.status == 200));
+    feed_leads_at_once(&app, "wide", leads).await;
     wait_until(
         "every lead's ping at the buyer at once",
         Duration::from_secs(30),
