@@ -37,8 +37,10 @@ pub struct Backlog {
     pending: u64,
 }
 
-/// How many waterfalls routing may run now (`widest` when intake's leads
-/// commit as fast as usual; down to 32 while routing yields to intake).
+/// How many waterfalls routing may run now: `widest` (twice the enabled
+/// buyers' slots, 256 to 4096) with no lead arriving; while leads arrive
+/// at most half of it (or 256), and down to 32 while routing yields to
+/// intake.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RoutingWidth {
     width: u64,

@@ -842,11 +842,11 @@ async fn leads_beyond_the_routers_room_are_sold_as_walks_end(backend: Backend) {
     assert!(pings.values().all(|&calls| calls == 1), "{pings:?}");
 }
 
-/// Routing runs as many walks as its buyers' slots can take, twice their
-/// sum: more than the 256 it runs at least, when the buyers are wide.
-/// Every one of 300 leads is pinged at once by a buyer with 300 slots
-/// that never answers; then a reload to a narrow buyer narrows routing
-/// again.
+/// Routing runs as many walks as its buyers' slots can take (twice their
+/// sum with no lead arriving, their sum while leads arrive): more than the
+/// 256 it runs at least, when the buyers are wide. Every one of 300 leads
+/// is pinged at once by a buyer with 300 slots that never answers; then a
+/// reload to a narrow buyer narrows routing again.
 async fn routing_walks_as_many_leads_as_its_buyers_slots_take(backend: Backend) {
     let buyer = TestBuyer::start(Answer::Hang, accept());
     let wide = BuyerConfig {
