@@ -255,6 +255,19 @@ async fn apply(txn: &DatabaseTransaction, writes: &[AttemptWrite]) -> Result<Vec
     Ok(results)
 }
 
+/// What `pick` takes of the group's writes, each with its place in the
+/// group (where its result goes).
+fn of_kind<'a, T>(
+    writes: &'a [AttemptWrite],
+    pick: impl Fn(&'a AttemptWrite) -> Option<T>,
+) -> Vec<(usize, T)> {
+    writes
+        .iter()
+        .enumerate()
+        .filter_map(|(index, write)| Some((index, pick(write)?)))
+        .collect()
+}
+
 /// The answers, each onto its row if still `in_flight` (else `Stale`),
 /// with the pings' answers new rows bring (whose rows' results are their own).
 async fn answer(
@@ -262,16 +275,12 @@ async fn answer(
     writes: &[AttemptWrite],
     results: &mut [Written],
 ) -> Result<(), DbErr> {
-    let answers: Vec<(usize, &str, &AttemptEnd)> = writes
-        .iter()
-        .enumerate()
-        .filter_map(|(index, write)| match write {
-            AttemptWrite::Finish { id, end, .. } | AttemptWrite::Sell { id, end, .. } => {
-                Some((index, id.as_str(), end))
-            }
-            AttemptWrite::Insert { .. } | AttemptWrite::Busy { .. } => None,
-        })
-        .collect();
+    let answers = of_kind(writes, |write| match write {
+        AttemptWrite::Finish { id, end, .. } | AttemptWrite::Sell { id, end, .. } => {
+            Some((id.as_str(), end))
+        }
+        AttemptWrite::Insert { .. } | AttemptWrite::Busy { .. } => None,
+    });
     let brought = writes.iter().filter_map(|write| match write {
         AttemptWrite::Insert {
             answered: Some(answered),
@@ -279,9 +288,9 @@ async fn answer(
         } => Some((answered.attempt_id.as_str(), &answered.end)),
         _ => None,
     });
-    let all = answers.iter().map(|&(_, id, end)| (id, end)).chain(brought);
+    let all = answers.iter().map(|&(_, answer)| answer).chain(brought);
     let finished = finish(txn, all).await?;
-    for &(index, id, _) in &answers {
+    for &(index, (id, _)) in &answers {
         if !finished.contains(id) {
             results[index] = Written::Stale;
         }
@@ -296,14 +305,10 @@ async fn skip_busy_calls(
     writes: &[AttemptWrite],
     results: &mut [Written],
 ) -> Result<(), DbErr> {
-    let busy: Vec<(usize, &str)> = writes
-        .iter()
-        .enumerate()
-        .filter_map(|(index, write)| match write {
-            AttemptWrite::Busy { id } => Some((index, id.as_str())),
-            _ => None,
-        })
-        .collect();
+    let busy = of_kind(writes, |write| match write {
+        AttemptWrite::Busy { id } => Some(id.as_str()),
+        _ => None,
+    });
     if busy.is_empty() {
         return Ok(());
     }
@@ -347,14 +352,10 @@ async fn fence(
     writes: &[AttemptWrite],
     results: &mut [Written],
 ) -> Result<(), DbErr> {
-    let fences: Vec<(usize, &Fence)> = writes
-        .iter()
-        .enumerate()
-        .filter_map(|(index, write)| match write {
-            AttemptWrite::Insert { fence, .. } => Some((index, fence)),
-            _ => None,
-        })
-        .collect();
+    let fences = of_kind(writes, |write| match write {
+        AttemptWrite::Insert { fence, .. } => Some(fence),
+        _ => None,
+    });
     let held = claims_held(txn, fences.iter().map(|&(_, fence)| fence)).await?;
     for &(index, fence) in &fences {
         if held.get(fence.lead_id.as_str()).map(String::as_str) != Some(fence.token.as_str()) {
@@ -449,19 +450,14 @@ async fn sell(
     writes: &[AttemptWrite],
     results: &mut [Written],
 ) -> Result<(), DbErr> {
-    let sales: Vec<(usize, &str, &sale::ActiveModel)> = writes
-        .iter()
-        .enumerate()
-        .filter_map(|(index, write)| match write {
-            AttemptWrite::Sell { id, sale, .. } if results[index] == Written::Done => {
-                Some((index, id.as_str(), &**sale))
-            }
-            _ => None,
-        })
-        .collect();
-    let made = insert_sales(txn, sales.iter().map(|&(_, _, sale)| sale.clone())).await?;
+    let mut sales = of_kind(writes, |write| match write {
+        AttemptWrite::Sell { id, sale, .. } => Some((id.as_str(), &**sale)),
+        _ => None,
+    });
+    sales.retain(|&(index, _)| results[index] == Written::Done);
+    let made = insert_sales(txn, sales.iter().map(|&(_, (_, sale))| sale.clone())).await?;
     let mut sold = Vec::new();
-    for &(index, attempt_id, _) in &sales {
+    for &(index, (attempt_id, _)) in &sales {
         match (&writes[index], made.contains(attempt_id)) {
             (AttemptWrite::Sell { lead_id, .. }, true) => sold.push(lead_id.as_str()),
             _ => results[index] = Written::AlreadySold,
