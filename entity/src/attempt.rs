@@ -1,5 +1,6 @@
 //! `attempts`: every outbound call (ping, post, notify, event) and every skip,
-//! written before the call with a snapshot of the configuration it used.
+//! written before the call with a snapshot of the configuration it used
+//! (`snapshot_id`, a row of `config_snapshots`).
 
 use sea_orm::entity::prelude::*;
 
@@ -19,7 +20,8 @@ pub struct Model {
     pub retry_of: Option<String>,
     pub request: Json,
     pub response_body: Option<String>,
-    pub snapshot: Json,
+    /// The configuration the attempt used: a `config_snapshots` row.
+    pub snapshot_id: String,
     pub bid: Option<f64>,
     pub ping_id: Option<String>,
     /// The instance that made the call, so recovery can settle its leftovers.

@@ -4,6 +4,7 @@
 pub mod alert;
 pub mod attempt;
 pub mod cap_use;
+pub mod config_snapshot;
 pub mod delivery;
 pub mod intake_log;
 pub mod lead;

@@ -12,6 +12,7 @@ mod m20261201_000006_deliveries;
 mod m20261201_000007_lead_aliases;
 mod m20261204_000008_status_figure_indexes;
 mod m20261204_000009_attempts_fillfactor;
+mod m20261205_000010_config_snapshots;
 
 /// Every migration, oldest first.
 pub struct Migrator;
@@ -29,6 +30,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000007_lead_aliases::Migration),
             Box::new(m20261204_000008_status_figure_indexes::Migration),
             Box::new(m20261204_000009_attempts_fillfactor::Migration),
+            Box::new(m20261205_000010_config_snapshots::Migration),
         ]
     }
 }

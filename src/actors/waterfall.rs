@@ -336,7 +336,11 @@ async fn sold_by_history(
     let Some(post) = accepted_posts.find(|post| !sold_by.contains(&post.id)) else {
         return Ok(None);
     };
-    let price = price_of(post, history);
+    let snapshot = store
+        .config_snapshots([post.snapshot_id.as_str()])
+        .await?
+        .remove(&post.snapshot_id);
+    let price = price_of(post, snapshot.as_ref(), history);
     let sale = SaleOf {
         lead_id,
         buyer_id: &post.buyer_id,
@@ -374,16 +378,20 @@ async fn settled_by_history(
 }
 
 /// The price of an accepted post, read again from its answer with the
-/// buyer settings its snapshot froze.
-fn price_of(post: &attempt::Model, history: &[attempt::Model]) -> Option<f64> {
+/// buyer settings its snapshot froze (the ping's bid without them).
+fn price_of(
+    post: &attempt::Model,
+    snapshot: Option<&serde_json::Value>,
+    history: &[attempt::Model],
+) -> Option<f64> {
     let bid = history
         .iter()
         .filter(|ping| ping.buyer_id == post.buyer_id && kind_of(ping) == Some(AttemptKind::PING))
         .filter_map(|ping| ping.bid)
         .next_back();
-    match buyer_from_snapshot(&post.snapshot) {
-        Ok(settings) => sale_price(&settings, post.response_body.as_deref(), bid),
-        Err(_) => bid,
+    match snapshot.map(buyer_from_snapshot) {
+        Some(Ok(settings)) => sale_price(&settings, post.response_body.as_deref(), bid),
+        _ => bid,
     }
 }
 

@@ -80,7 +80,7 @@ pub fn build(
         None => default_body(kind, lead, ping, pii_fields).to_string(),
     };
     // What the file says, `${VAR}` unresolved, for the stored copy.
-    let written = &buyer.snapshot[kind.as_str()];
+    let written = &buyer.snapshot.value[kind.as_str()];
     let shown_url = crate::redact::url(written["url"].as_str().unwrap_or(&url));
     let shown_body = match written["body_template"].as_str() {
         Some(template) if template.contains("${") => render(template, &content_type, lead, ping),
@@ -96,7 +96,9 @@ pub fn build(
     shown_headers.insert("Idempotency-Key".into(), idempotency_key.into());
     for (name, value) in &buyer.headers {
         headers.push((name.clone(), value.expose().to_string()));
-        let written = buyer.snapshot["headers"][name].as_str().unwrap_or_default();
+        let written = buyer.snapshot.value["headers"][name]
+            .as_str()
+            .unwrap_or_default();
         shown_headers.insert(
             name.clone(),
             crate::redact::header_value(name, written).into(),

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use toml::Value;
 
 use super::{validate, BuyerSettings, Settings};
+use crate::domain::ConfigSnapshot;
 
 /// Used when neither `--config` nor `LEADROUTER_CONFIG` names a file.
 pub const DEFAULT_CONFIG_PATH: &str = "config/leadrouter.toml";
@@ -295,7 +296,7 @@ fn attach_buyer_snapshots(settings: &mut Settings, written: &Value) {
         return;
     };
     for (buyer, table) in settings.buyers.iter_mut().zip(tables) {
-        buyer.snapshot = serde_json::to_value(table).unwrap_or_default();
+        buyer.snapshot = ConfigSnapshot::of(serde_json::to_value(table).unwrap_or_default());
     }
 }
 
@@ -422,7 +423,7 @@ mod tests {
         let buyer = &settings.buyers[0];
         assert_eq!(buyer.headers["Authorization"].expose(), "Bearer s3cret");
         assert_eq!(
-            buyer.snapshot["headers"]["Authorization"],
+            buyer.snapshot.value["headers"]["Authorization"],
             "Bearer ${ACME_TOKEN}"
         );
         assert_eq!(

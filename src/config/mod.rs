@@ -423,7 +423,7 @@ pub struct BuyerSettings {
     pub accept_test_leads: bool,
     /// This buyer's table as written, `${VAR}` unresolved: the attempt snapshot.
     #[serde(skip)]
-    pub snapshot: serde_json::Value,
+    pub snapshot: crate::domain::ConfigSnapshot,
 }
 
 impl BuyerSettings {

@@ -7,6 +7,7 @@ mod contract;
 mod ids;
 mod normalize;
 mod payload;
+mod snapshot;
 
 pub use attempt::{AttemptKind, AttemptOutcome, CallKind, CallOutcome, SkipReason, INTERRUPTED};
 pub use contract::{Acceptance, Contract, FieldError, LeadState};
@@ -15,6 +16,7 @@ pub use normalize::{
     check_fields, normalize, normalize_parsed, Normalized, RequestMeta, ATTRIBUTION_KEYS,
 };
 pub use payload::{parse_body, BodyError, BodyFormat};
+pub use snapshot::ConfigSnapshot;
 
 /// A new server-issued id: UUIDv7, so ids sort by arrival time.
 pub fn new_id() -> String {

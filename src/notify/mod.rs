@@ -11,7 +11,7 @@ mod transport;
 use std::sync::Arc;
 
 use crate::config::{EventSettings, NotifyRole, NotifySettings};
-use crate::domain::AttemptKind;
+use crate::domain::{AttemptKind, ConfigSnapshot};
 use crate::store::{ConfirmEffect, DeliveryTarget};
 
 pub use message::{prepare, Outbound, Prepared, SaleFacts};
@@ -94,8 +94,8 @@ impl Destination {
     }
 
     /// The configuration a try used, as its attempt row keeps it (no secret).
-    pub fn snapshot(&self) -> serde_json::Value {
-        match self {
+    pub fn snapshot(&self) -> ConfigSnapshot {
+        ConfigSnapshot::of(match self {
             Self::Channel(channel) => serde_json::json!({
                 "id": channel.id,
                 "kind": channel.kind.as_str(),
@@ -108,6 +108,6 @@ impl Destination {
                 "on": sink.on,
                 "timeout_ms": sink.timeout.as_millis() as u64,
             }),
-        }
+        })
     }
 }

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::ErrorBody;
-use super::leads::{find, full_view, AttemptView, LeadView};
+use super::leads::{attempt_views, find, full_view, AttemptView, LeadView};
 use super::{Admin, ApiError, AppState};
 use crate::actors::retry::{RetryAttempt, RetryError};
 use crate::actors::router::RouteLeads;
@@ -252,7 +252,8 @@ pub async fn retry(
             RetryError::Conflict(why) => ApiError::Conflict(why),
             RetryError::Unavailable(why) => ApiError::Unavailable(why),
         })?;
-    Ok(HttpResponse::Ok().json(AttemptView::from(retried)))
+    let shown = attempt_views(&state, vec![retried]).await?.remove(0);
+    Ok(HttpResponse::Ok().json(shown))
 }
 
 /// The retry of a notify or event try: its delivery, unless confirmed, is

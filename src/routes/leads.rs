@@ -85,7 +85,7 @@ pub async fn full_view(state: &AppState, row: lead::Model) -> Result<LeadView, A
             })
             .collect(),
     );
-    view.attempts = Some(attempts.into_iter().map(AttemptView::from).collect());
+    view.attempts = Some(attempt_views(state, attempts).await?);
     view.deliveries = Some(deliveries.into_iter().map(DeliveryView::from).collect());
     Ok(view)
 }
@@ -454,9 +454,25 @@ pub struct LeadPageView {
     next_cursor: Option<String>,
 }
 
-impl From<attempt::Model> for AttemptView {
-    /// Also the answer of `POST /v1/attempts/{id}/retry`.
-    fn from(row: attempt::Model) -> Self {
+/// The attempts as shown, each with the configuration it used (read once
+/// per distinct one). Also the answer of `POST /v1/attempts/{id}/retry`.
+pub async fn attempt_views(
+    state: &AppState,
+    rows: Vec<attempt::Model>,
+) -> Result<Vec<AttemptView>, ApiError> {
+    let ids = rows.iter().map(|row| row.snapshot_id.as_str());
+    let snapshots = state.store.config_snapshots(ids).await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| {
+            let snapshot = snapshots.get(&row.snapshot_id).unwrap_or(&Value::Null);
+            AttemptView::new(row, snapshot)
+        })
+        .collect())
+}
+
+impl AttemptView {
+    fn new(row: attempt::Model, snapshot: &Value) -> Self {
         Self {
             id: row.id,
             lead_id: row.lead_id,
@@ -470,7 +486,7 @@ impl From<attempt::Model> for AttemptView {
             retry_of: row.retry_of,
             request: crate::redact::request(&row.request),
             response_body: row.response_body,
-            snapshot: crate::redact::snapshot(&row.snapshot),
+            snapshot: crate::redact::snapshot(snapshot),
         }
     }
 }

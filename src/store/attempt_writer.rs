@@ -35,8 +35,11 @@ use entity::{attempt, lead, sale};
 use super::any_of::any_of;
 use super::caps::{self, CapSlot};
 use super::intake_first::{IntakeFirst, LONGEST_YIELD};
+use super::snapshots::StoredSnapshots;
 use super::{AttemptEnd, Unwritten};
-use crate::domain::{AttemptKind, AttemptOutcome, ClaimToken, LeadId, LeadState, SkipReason};
+use crate::domain::{
+    AttemptKind, AttemptOutcome, ClaimToken, ConfigSnapshot, LeadId, LeadState, SkipReason,
+};
 
 /// Most writes in one transaction.
 const MAX_WRITES: usize = 256;
@@ -57,6 +60,8 @@ pub(super) enum AttemptWrite {
     /// (the row's result is its own).
     Insert {
         row: Box<attempt::ActiveModel>,
+        /// The configuration the row names, written with it if new.
+        snapshot: ConfigSnapshot,
         fence: Fence,
         caps: Vec<CapSlot>,
         answered: Option<Unwritten>,
@@ -117,12 +122,14 @@ impl AttemptWriter {
         db: DatabaseConnection,
         groups_in_flight: usize,
         intake_first: Option<Arc<IntakeFirst>>,
+        snapshots: Arc<StoredSnapshots>,
     ) -> Self {
         let (queue, mut requests) = mpsc::unbounded_channel();
         let turns = Turns {
             in_flight: Arc::new(Semaphore::new(groups_in_flight.max(1))),
             connections: groups_in_flight.max(1),
             intake_first,
+            snapshots,
         };
         thread.spawn(async move {
             // A panic drops the batch it held (those callers see the writer
@@ -154,6 +161,8 @@ struct Turns {
     connections: usize,
     /// Intake's writes go first (SQLite).
     intake_first: Option<Arc<IntakeFirst>>,
+    /// The configurations known to be stored already.
+    snapshots: Arc<StoredSnapshots>,
 }
 
 /// Takes the writes queued so far as one group once a group may start,
@@ -179,10 +188,11 @@ async fn write_forever(
         }
         let db = db.clone();
         let connections = turns.connections;
+        let snapshots = turns.snapshots.clone();
         actix_web::rt::spawn(async move {
             // A panic drops this group's replies: its callers see the
             // writer gone, and their calls count as not recorded.
-            if AssertUnwindSafe(commit_group(&db, batch, connections))
+            if AssertUnwindSafe(commit_group(&db, &snapshots, batch, connections))
                 .catch_unwind()
                 .await
                 .is_err()
@@ -201,12 +211,19 @@ async fn write_forever(
 /// may have died together), and fails as a whole only when the database
 /// really is gone. A group the database refuses is tried write by write,
 /// so that one bad write does not fail its neighbours.
-async fn commit_group(db: &DatabaseConnection, batch: Vec<Request>, connections: usize) {
+async fn commit_group(
+    db: &DatabaseConnection,
+    snapshots: &StoredSnapshots,
+    batch: Vec<Request>,
+    connections: usize,
+) {
     let (writes, replies): (Vec<AttemptWrite>, Vec<_>) = batch.into_iter().unzip();
-    let mut committed = commit(db, &writes).await;
+    let mut committed = commit(db, snapshots, &writes).await;
     for _ in 0..connections {
         match &committed {
-            Err(error) if super::is_unreachable(error) => committed = commit(db, &writes).await,
+            Err(error) if super::is_unreachable(error) => {
+                committed = commit(db, snapshots, &writes).await
+            }
             _ => break,
         }
     }
@@ -219,7 +236,7 @@ async fn commit_group(db: &DatabaseConnection, batch: Vec<Request>, connections:
             }),
         Err(error) if writes.len() > 1 && !super::is_unreachable(&error) => {
             for (write, reply) in writes.into_iter().zip(replies) {
-                let result = commit(db, std::slice::from_ref(&write)).await;
+                let result = commit(db, snapshots, std::slice::from_ref(&write)).await;
                 let result = result.map(|mut results| results.remove(0));
                 let _ = reply.send(result.map_err(|error| error.to_string()));
             }
@@ -230,10 +247,22 @@ async fn commit_group(db: &DatabaseConnection, batch: Vec<Request>, connections:
     }
 }
 
-async fn commit(db: &DatabaseConnection, writes: &[AttemptWrite]) -> Result<Vec<Written>, DbErr> {
+/// One transaction: the new rows' configurations not stored yet, then the
+/// writes.
+async fn commit(
+    db: &DatabaseConnection,
+    snapshots: &StoredSnapshots,
+    writes: &[AttemptWrite],
+) -> Result<Vec<Written>, DbErr> {
     let txn = db.begin().await?;
+    let named = writes.iter().filter_map(|write| match write {
+        AttemptWrite::Insert { snapshot, .. } => Some(snapshot),
+        _ => None,
+    });
+    let new_snapshots = snapshots.write_new(&txn, named).await?;
     let results = apply(&txn, writes).await?;
     txn.commit().await?;
+    snapshots.committed(new_snapshots);
     Ok(results)
 }
 

@@ -17,7 +17,7 @@ use sea_orm::{
 };
 use serde::Serialize;
 
-use super::Store;
+use super::{snapshots, Store};
 use crate::config::{buyer_from_snapshot, BuyerSettings};
 
 /// The periods a cap counts sales in.
@@ -86,11 +86,18 @@ impl CapSlot {
 /// The slots a post took: its snapshot's caps in the periods that held its
 /// start (reservations are made at the row's `started_at`). None when the
 /// snapshot cannot be read: its slots then stay taken.
-pub(super) fn slots_of_post(post: &attempt::Model) -> Vec<CapSlot> {
-    match buyer_from_snapshot(&post.snapshot) {
-        Ok(settings) => CapSlot::for_post(&settings, post.started_at),
-        Err(_) => Vec::new(),
-    }
+pub(super) async fn slots_of_post(
+    db: &impl ConnectionTrait,
+    post: &attempt::Model,
+) -> Result<Vec<CapSlot>, DbErr> {
+    let mut stored = snapshots::read(db, [post.snapshot_id.as_str()]).await?;
+    let settings = stored
+        .remove(&post.snapshot_id)
+        .map(|snapshot| buyer_from_snapshot(&snapshot));
+    Ok(match settings {
+        Some(Ok(settings)) => CapSlot::for_post(&settings, post.started_at),
+        _ => Vec::new(),
+    })
 }
 
 /// A cap's use now, for the buyers endpoint and the status page.

@@ -20,7 +20,9 @@ use sea_orm::{
 use serde_json::Value;
 
 use super::Store;
-use crate::domain::{new_id, AttemptKind, AttemptOutcome, CallOutcome, INTERRUPTED};
+use crate::domain::{
+    new_id, AttemptKind, AttemptOutcome, CallOutcome, ConfigSnapshot, INTERRUPTED,
+};
 
 /// Where a delivery row stands (`deliveries.state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -305,10 +307,17 @@ impl Store {
         target: &DeliveryTarget,
         lead_id: &str,
         request: Value,
-        snapshot: Value,
+        snapshot: ConfigSnapshot,
         instance_id: &str,
     ) -> Result<String, DbErr> {
         let id = new_id();
+        // The configuration first, in a commit of its own: it is never
+        // changed, and the row that names it then never lacks it.
+        let new_snapshot = self
+            .snapshots
+            .write_new(&self.db, std::iter::once(&snapshot))
+            .await?;
+        self.snapshots.committed(new_snapshot);
         attempt::Entity::insert(attempt::ActiveModel {
             id: Set(id.clone()),
             lead_id: Set(lead_id.to_string()),
@@ -322,7 +331,7 @@ impl Store {
             retry_of: Set(None),
             request: Set(request),
             response_body: Set(None),
-            snapshot: Set(snapshot),
+            snapshot_id: Set(snapshot.id),
             bid: Set(None),
             ping_id: Set(None),
             instance_id: Set(Some(instance_id.to_string())),

@@ -14,6 +14,7 @@ mod operations;
 mod person;
 mod report;
 mod routing;
+mod snapshots;
 mod sqlite_lock;
 mod statistics;
 mod tcp_nodelay;
@@ -91,6 +92,8 @@ pub struct Store {
     statistics: Arc<statistics::Statistics>,
     /// When a sweep last looked for leases that ran out.
     lease_search: Arc<at_most_every::AtMostEvery>,
+    /// The attempts' configurations known to be stored.
+    snapshots: Arc<snapshots::StoredSnapshots>,
 }
 
 impl Store {
@@ -133,12 +136,14 @@ impl Store {
             .await
             .inspect_err(stop_threads)?;
         let intake_first = Arc::new(intake_first::IntakeFirst::default());
+        let snapshots = Arc::new(snapshots::StoredSnapshots::default());
         Ok(Self {
             attempts: attempt_writer::AttemptWriter::start(
                 &writer_thread,
                 writer.clone(),
                 ROUTING_CONNECTIONS as usize,
                 settings.is_sqlite().then(|| intake_first.clone()),
+                snapshots.clone(),
             ),
             db,
             routing,
@@ -149,6 +154,7 @@ impl Store {
             intake_first,
             statistics: Arc::default(),
             lease_search: Arc::new(at_most_every::AtMostEvery::new(routing::LEASE_SEARCH_EVERY)),
+            snapshots,
         })
     }
 

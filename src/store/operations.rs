@@ -294,7 +294,7 @@ impl Store {
         for sale in &returned {
             if let Some(post) = &sale.attempt_id {
                 if let Some(post) = attempt::Entity::find_by_id(post.clone()).one(&txn).await? {
-                    caps::release(&txn, &caps::slots_of_post(&post)).await?;
+                    caps::release(&txn, &caps::slots_of_post(&txn, &post).await?).await?;
                 }
             }
         }
@@ -407,7 +407,7 @@ async fn release_unanswered_posts(
             }
         };
         if gives_back {
-            caps::release(db, &caps::slots_of_post(post)).await?;
+            caps::release(db, &caps::slots_of_post(db, post).await?).await?;
         }
     }
     Ok(kept.map(|post| post.id.clone()))

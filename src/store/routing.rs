@@ -22,8 +22,8 @@ use super::caps::CapSlot;
 use super::operations::new_sale;
 use super::Store;
 use crate::domain::{
-    new_id, AttemptKind, AttemptOutcome, CallOutcome, ClaimToken, LeadId, LeadState, SkipReason,
-    INTERRUPTED,
+    new_id, AttemptKind, AttemptOutcome, CallOutcome, ClaimToken, ConfigSnapshot, LeadId,
+    LeadState, SkipReason, INTERRUPTED,
 };
 
 /// The attempt kinds whose `buyer_id` is a buyer (not a notify channel or
@@ -37,7 +37,7 @@ pub struct NewAttempt {
     pub buyer_id: String,
     pub kind: AttemptKind,
     pub request: Value,
-    pub snapshot: Value,
+    pub snapshot: ConfigSnapshot,
     pub retry_of: Option<String>,
     pub instance_id: String,
     /// The claim the lead is held under: the row is written only while it holds.
@@ -173,7 +173,7 @@ fn attempt_row(
         retry_of: Set(new.retry_of),
         request: Set(new.request),
         response_body: Set(None),
-        snapshot: Set(new.snapshot),
+        snapshot_id: Set(new.snapshot.id),
         bid: Set(None),
         ping_id: Set(None),
         instance_id: Set(Some(new.instance_id)),
@@ -773,11 +773,13 @@ impl Store {
         for slot in &mut caps {
             slot.start = slot.period.start(started_at);
         }
+        let snapshot = new.snapshot.clone();
         let row = attempt_row(&id, new, AttemptOutcome::InFlight, started_at);
         let written = self
             .attempts
             .write(AttemptWrite::Insert {
                 row: Box::new(row),
+                snapshot,
                 fence,
                 caps: caps.clone(),
                 answered,
@@ -856,10 +858,12 @@ impl Store {
             ..new
         };
         let (fence, caps, answered) = fence_of(&mut new);
+        let snapshot = new.snapshot.clone();
         let row = attempt_row(&new_id(), new, AttemptOutcome::Skip(reason), Utc::now());
         self.attempts
             .write(AttemptWrite::Insert {
                 row: Box::new(row),
+                snapshot,
                 fence,
                 caps,
                 answered,

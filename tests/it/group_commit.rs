@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::Utc;
 use entity::{attempt, lead, sale};
 use futures_util::future::join_all;
-use leadrouter::domain::{AttemptKind, CallOutcome, ClaimToken, LeadId};
+use leadrouter::domain::{AttemptKind, CallOutcome, ClaimToken, ConfigSnapshot, LeadId};
 use leadrouter::store::{AttemptEnd, Begun, CapPeriod, CapSlot, SaleOf, Written};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, Database, EntityTrait, QueryFilter, Statement, TransactionTrait,
@@ -280,7 +280,7 @@ fn call(
         buyer_id: buyer.into(),
         kind,
         request: json!({}),
-        snapshot: json!({}),
+        snapshot: ConfigSnapshot::of(json!({})),
         retry_of: None,
         instance_id: "test".into(),
         claim_token: token.clone(),

@@ -197,6 +197,16 @@ impl TestApp {
     }
 }
 
+/// Runs `sql` on the app's database (to break or mend it under a test).
+pub async fn execute(app: &TestApp, sql: &str) {
+    use sea_orm::ConnectionTrait;
+    app.store
+        .connection()
+        .execute_unprepared(sql)
+        .await
+        .unwrap_or_else(|error| panic!("{sql}: {error}"));
+}
+
 /// The one value `query` answers (first column of its first row).
 pub async fn one_value<T: sea_orm::TryGetable>(db: &sea_orm::DatabaseConnection, query: &str) -> T {
     use sea_orm::ConnectionTrait;

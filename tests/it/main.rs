@@ -25,4 +25,5 @@ mod release;
 mod routing;
 mod secrets;
 mod selling;
+mod snapshots;
 mod status_page;
