@@ -12,7 +12,8 @@
 //! never went out became) only onto a row still `in_flight`, a sale
 //! together with its accepted post. A new row may bring
 //! the walk's previous ping's answer (`Unwritten`): written first, in the
-//! same commit.
+//! same commit. A new row's configuration (`snapshots`) is written in the
+//! commit of the first row that names it.
 
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
@@ -154,7 +155,7 @@ impl AttemptWriter {
     }
 }
 
-/// When a group may begin.
+/// When a group may begin, and what every group shares.
 struct Turns {
     /// A permit per group commit that may run at once (one per connection).
     in_flight: Arc<Semaphore>,
