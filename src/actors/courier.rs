@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 use super::supervision::{guarded, RestartLog};
 use crate::alerts::{AlertKind, Alerts};
 use crate::config::SharedSettings;
-use crate::domain::{CallOutcome, LeadState};
+use crate::domain::{CallOutcome, ConfigSnapshot, LeadState};
 use crate::notify::{self, Destination, SaleFacts, Transport};
 use crate::store::{AfterFailure, DeliveryAnswer, DeliveryTarget, HeldDelivery, Store};
 
@@ -198,6 +198,8 @@ pub struct Deliver {
 
 pub struct Courier {
     destination: Destination,
+    /// The configuration its tries' attempt rows name (made once).
+    snapshot: ConfigSnapshot,
     targets: Vec<DeliveryTarget>,
     environment: CourierEnvironment,
     transport: Option<Rc<Transport>>,
@@ -215,6 +217,7 @@ impl Courier {
     fn new(destination: Destination, environment: CourierEnvironment) -> Self {
         Self {
             targets: destination.targets(),
+            snapshot: destination.snapshot(),
             destination,
             environment,
             transport: None,
@@ -296,6 +299,7 @@ impl Courier {
         let delivery = OneDelivery {
             environment: self.environment.clone(),
             destination: self.destination.clone(),
+            snapshot: self.snapshot.clone(),
             target,
             held,
         };
@@ -505,6 +509,7 @@ fn recent(target: &DeliveryTarget, since: DateTime<Utc>) -> Condition {
 struct OneDelivery {
     environment: CourierEnvironment,
     destination: Destination,
+    snapshot: ConfigSnapshot,
     target: DeliveryTarget,
     held: HeldDelivery,
 }
@@ -530,7 +535,7 @@ impl OneDelivery {
                 &self.target,
                 &lead.id,
                 shown,
-                self.destination.snapshot(),
+                self.snapshot.clone(),
                 &self.environment.instance_id,
             )
             .await

@@ -112,9 +112,8 @@ pub async fn hold(routing: &RoutingContext, attempt_id: &str) -> Result<Held, Re
         only_the_unknown_post(store, &lead, &original).await?;
     }
     let snapshot = store
-        .config_snapshots([original.snapshot_id.as_str()])
+        .config_snapshot(&original.snapshot_id)
         .await?
-        .remove(&original.snapshot_id)
         .ok_or_else(|| RetryError::Conflict("the attempt's snapshot is missing".into()))?;
     let settings = buyer_from_snapshot(&snapshot).map_err(|problems| {
         let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();

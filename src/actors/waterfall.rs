@@ -336,10 +336,7 @@ async fn sold_by_history(
     let Some(post) = accepted_posts.find(|post| !sold_by.contains(&post.id)) else {
         return Ok(None);
     };
-    let snapshot = store
-        .config_snapshots([post.snapshot_id.as_str()])
-        .await?
-        .remove(&post.snapshot_id);
+    let snapshot = store.config_snapshot(&post.snapshot_id).await?;
     let price = price_of(post, snapshot.as_ref(), history);
     let sale = SaleOf {
         lead_id,

@@ -90,9 +90,8 @@ pub(super) async fn slots_of_post(
     db: &impl ConnectionTrait,
     post: &attempt::Model,
 ) -> Result<Vec<CapSlot>, DbErr> {
-    let mut stored = snapshots::read(db, [post.snapshot_id.as_str()]).await?;
-    let settings = stored
-        .remove(&post.snapshot_id)
+    let settings = snapshots::read_one(db, &post.snapshot_id)
+        .await?
         .map(|snapshot| buyer_from_snapshot(&snapshot));
     Ok(match settings {
         Some(Ok(settings)) => CapSlot::for_post(&settings, post.started_at),

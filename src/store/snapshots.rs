@@ -83,6 +83,14 @@ pub(super) async fn read(
     Ok(rows.into_iter().map(|row| (row.id, row.snapshot)).collect())
 }
 
+/// The stored configuration `id` names, if any.
+pub(super) async fn read_one(
+    conn: &impl ConnectionTrait,
+    id: &str,
+) -> Result<Option<Value>, DbErr> {
+    Ok(read(conn, [id]).await?.remove(id))
+}
+
 impl super::Store {
     /// The stored configurations of `ids`, by id (an unknown id is left out).
     pub async fn config_snapshots(
@@ -90,5 +98,10 @@ impl super::Store {
         ids: impl IntoIterator<Item = &str>,
     ) -> Result<HashMap<String, Value>, DbErr> {
         read(&self.db, ids).await
+    }
+
+    /// The stored configuration `id` names, if any.
+    pub async fn config_snapshot(&self, id: &str) -> Result<Option<Value>, DbErr> {
+        read_one(&self.db, id).await
     }
 }
