@@ -472,8 +472,9 @@ impl Supervised for Buyer {
 impl Handler<OfferLead> for Buyer {
     type Result = ResponseActFuture<Self, Offered>;
 
-    /// Skips when the circuit is open or no slot frees in time; otherwise
-    /// makes the recorded call.
+    /// Skips when the circuit is open; otherwise makes the recorded call
+    /// (which takes a slot once its row is written, or becomes a `busy`
+    /// skip).
     fn handle(&mut self, offer: OfferLead, ctx: &mut Context<Self>) -> Self::Result {
         if let Some(state) = self.breaker.tick(Instant::now()) {
             self.circuit_changed(state, ctx);
@@ -481,56 +482,48 @@ impl Handler<OfferLead> for Buyer {
         if self.breaker.state() == CircuitState::Open {
             return self.skip(&offer, SkipReason::CircuitOpen);
         }
+        let admission = self.breaker.admit(Instant::now());
+        if admission == Admission::Refused {
+            return self.skip(&offer, SkipReason::CircuitOpen);
+        }
+        let kind = offer.kind;
+        let probe = (admission == Admission::Probe)
+            .then(|| self.watch_probe(call_timeout(&self.settings_for(&offer), kind), ctx));
+        let inject_panic = self.panics_left.take(admission == Admission::Probe);
         let address = ctx.address();
-        let waiting = CallSlot::for_call(
-            offer.kind,
-            &self.slots,
-            self.settings.max_concurrency,
-            self.settings.queue_timeout,
-            move || address.do_send(SlotTaken),
-        );
-        self.publish();
-        Box::pin(waiting.into_actor(self).then(move |slot, buyer, ctx| {
-            let Some(slot) = slot else {
-                return buyer.skip(&offer, SkipReason::Busy);
-            };
-            let admission = buyer.breaker.admit(Instant::now());
-            if admission == Admission::Refused {
-                drop(slot);
-                return buyer.skip(&offer, SkipReason::CircuitOpen);
-            }
-            let kind = offer.kind;
-            let probe = (admission == Admission::Probe)
-                .then(|| buyer.watch_probe(call_timeout(&buyer.settings_for(&offer), kind), ctx));
-            let inject_panic = buyer.panics_left.take(admission == Admission::Probe);
-            let Some(plan) = buyer.plan(offer, slot, inject_panic) else {
-                buyer.breaker.cancel(admission);
-                return Box::pin(actix::fut::ready(Offered::NotRecorded));
-            };
-            let call = make_call(buyer.store.clone(), buyer.metrics.clone(), plan);
-            Box::pin(
-                guarded::<Buyer, _>("buyer", call).map(move |offered, buyer, ctx| {
-                    let Some(offered) = offered else {
-                        // Stopping: `restarting` resets slots and probes.
-                        return Offered::Crashed;
-                    };
-                    // A probe past its deadline was counted already.
-                    let counted = probe.is_some_and(|probe| !buyer.open_probes.remove(&probe));
-                    match &offered {
-                        Offered::Called(call) | Offered::Sold(call) | Offered::Unrecorded(call) => {
-                            buyer.latencies.record(kind, call.took);
-                            if !counted {
-                                buyer.record_result(admission, call.outcome, ctx);
-                            }
+        let slot = CallSlot {
+            slots: self.slots.clone(),
+            limit: self.settings.max_concurrency,
+            patience: self.settings.queue_timeout,
+            taken: Box::new(move || address.do_send(SlotTaken)),
+        };
+        let Some(plan) = self.plan(offer, slot, inject_panic) else {
+            self.breaker.cancel(admission);
+            return Box::pin(actix::fut::ready(Offered::NotRecorded));
+        };
+        let call = make_call(self.store.clone(), self.metrics.clone(), plan);
+        Box::pin(
+            guarded::<Buyer, _>("buyer", call).map(move |offered, buyer, ctx| {
+                let Some(offered) = offered else {
+                    // Stopping: `restarting` resets slots and probes.
+                    return Offered::Crashed;
+                };
+                // A probe past its deadline was counted already.
+                let counted = probe.is_some_and(|probe| !buyer.open_probes.remove(&probe));
+                match &offered {
+                    Offered::Called(call) | Offered::Sold(call) | Offered::Unrecorded(call) => {
+                        buyer.latencies.record(kind, call.took);
+                        if !counted {
+                            buyer.record_result(admission, call.outcome, ctx);
                         }
-                        _ if !counted => buyer.breaker.cancel(admission),
-                        _ => {}
                     }
-                    buyer.publish();
-                    offered
-                }),
-            )
-        }))
+                    _ if !counted => buyer.breaker.cancel(admission),
+                    _ => {}
+                }
+                buyer.publish();
+                offered
+            }),
+        )
     }
 }
 

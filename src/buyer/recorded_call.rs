@@ -12,13 +12,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::LocalBoxFuture;
-use futures_util::FutureExt;
-
 use super::accept::{number_at, text_at, AcceptCheck};
 use super::call::{exchange, Exchange};
 use super::request::{BuyerRequest, PingResult};
-use super::slots::{Slot, Slots};
+use super::slots::Slots;
 use crate::config::{BuyerSettings, PayoutRule};
 use crate::domain::{AttemptKind, CallKind, CallOutcome, SkipReason};
 use crate::metrics::Metrics;
@@ -68,7 +65,7 @@ pub struct CallPlan {
     /// What the lead's source is paid if the post sells it.
     pub payout: PayoutRule,
     pub client: awc::Client,
-    /// The buyer's slot this call holds, or takes once its row is written.
+    /// The buyer's slot this call takes once its row is written.
     pub slot: CallSlot,
     /// Fault injection for supervision tests: panic after the row is written.
     pub inject_panic: bool,
@@ -76,53 +73,22 @@ pub struct CallPlan {
     pub hold_answer: bool,
 }
 
-/// When a call takes one of its buyer's slots, which bound the calls the
-/// buyer has in flight. A ping takes it once its row is written, so that
-/// the slot is held for the exchange alone: the row's group commit took 4
-/// of the 26 ms a slot was held at 20 ms buyers, and the busiest buyer's
-/// slots bounded the routed rate. An interrupted ping is harmless (recovery
-/// settles it as an `error`, and the walk goes on). A post takes its slot
-/// before its row: recovery makes the lead of an interrupted post
-/// `unknown`, so no post row may wait for a slot it might not get.
-pub enum CallSlot {
-    /// Taken before the row was written.
-    Taken(Slot),
-    /// To be taken once the row is written, within `patience`; none free
-    /// by then and the row becomes a `busy` skip. `taken` tells the buyer
-    /// (its status counts the calls in flight).
-    AfterTheRow {
-        slots: Slots,
-        limit: u32,
-        patience: Duration,
-        taken: Box<dyn FnOnce()>,
-    },
-}
-
-impl CallSlot {
-    /// A post's slot now or within `patience` (`None`: none freed in
-    /// time, the buyer is busy); a ping's, for later (`taken` is called
-    /// when it is; a post drops it unused).
-    pub fn for_call(
-        kind: CallKind,
-        slots: &Slots,
-        limit: u32,
-        patience: Duration,
-        taken: impl FnOnce() + 'static,
-    ) -> LocalBoxFuture<'static, Option<CallSlot>> {
-        match kind {
-            CallKind::Ping => futures_util::future::ready(Some(CallSlot::AfterTheRow {
-                slots: slots.clone(),
-                limit,
-                patience,
-                taken: Box::new(taken),
-            }))
-            .boxed_local(),
-            CallKind::Post => slots
-                .take(limit, patience)
-                .map(|slot| slot.map(CallSlot::Taken))
-                .boxed_local(),
-        }
-    }
+/// The buyer's slot a call takes once its row is written, so that the
+/// slot is held for the exchange alone: a row's group commit took 4 of the
+/// 26 ms a slot was held at 20 ms buyers, and the busiest buyer's slots
+/// bounded the routed rate. None free within `patience`, and the row
+/// becomes a `busy` skip (a post's cap slots given back with it). A ping
+/// interrupted while it waits is harmless (recovery settles it as an
+/// `error`, and the walk goes on); a post's lead becomes `unknown`, as
+/// for any post row in flight at a crash, which is why posts waiting are
+/// served first (`Slots`): their wait is as short as the buyer allows.
+pub struct CallSlot {
+    pub slots: Slots,
+    pub limit: u32,
+    pub patience: Duration,
+    /// Called when the slot is taken (the buyer's status counts the calls
+    /// in flight).
+    pub taken: Box<dyn FnOnce()>,
 }
 
 /// The call: attempt row first, then the request, then the row's end.
@@ -145,8 +111,8 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
     if kind == CallKind::Post {
         attempt.caps = CapSlot::for_post(&settings, chrono::Utc::now());
     }
-    let (attempt_id, slots) = match store.begin_attempt(attempt).await {
-        Ok(Begun::Call(id, slots)) => (id, slots),
+    let (attempt_id, cap_slots) = match store.begin_attempt(attempt).await {
+        Ok(Begun::Call(id, cap_slots)) => (id, cap_slots),
         Ok(Begun::Fenced) => return Offered::Fenced,
         Ok(Begun::Capped) => {
             metrics.attempt(
@@ -164,21 +130,16 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
     if inject_panic {
         panic!("injected fault: buyer {} panics during a call", settings.id);
     }
-    let slot = match slot {
-        CallSlot::Taken(slot) => slot,
-        CallSlot::AfterTheRow {
-            slots,
-            limit,
-            patience,
-            taken,
-        } => match slots.take(limit, patience).await {
-            Some(slot) => {
-                taken();
-                slot
-            }
-            None => return skipped_as_busy(&store, &metrics, &settings.id, &attempt_id).await,
-        },
+    let CallSlot {
+        slots,
+        limit,
+        patience,
+        taken,
+    } = slot;
+    let Some(slot) = slots.take(kind, limit, patience).await else {
+        return skipped_as_busy(&store, &metrics, &settings.id, &attempt_id, cap_slots).await;
     };
+    taken();
     let span = tracing::info_span!("attempt", %lead_id, buyer_id = %settings.id, kind = kind.as_str(), %attempt_id);
     let answer = exchange(&client, kind, &request, timeout, &check).await;
     drop(slot);
@@ -220,7 +181,9 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
         }
         // A post that cannot have sold gives its cap slots back.
         (CallKind::Post, CallOutcome::Rejected | CallOutcome::Error) => {
-            store.finish_attempt(&report.attempt_id, end, slots).await
+            store
+                .finish_attempt(&report.attempt_id, end, cap_slots)
+                .await
         }
         _ => {
             store
@@ -242,17 +205,19 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
 }
 
 /// A call whose row is written found no free slot in time: the row
-/// becomes the `busy` skip it is. Should that fail, nothing more is sent
-/// for the lead (the row stays `in_flight`, and recovery settles it).
+/// becomes the `busy` skip it is, and a post gives back the cap slots its
+/// row took. Should that fail, nothing more is sent for the lead (the row
+/// stays `in_flight`, and recovery settles it).
 async fn skipped_as_busy(
     store: &Store,
     metrics: &Metrics,
     buyer_id: &str,
     attempt_id: &str,
+    cap_slots: Vec<CapSlot>,
 ) -> Offered {
     let reason = SkipReason::Busy;
     metrics.attempt(buyer_id, AttemptKind::Skip.as_str(), reason.as_str());
-    match store.call_skipped_as_busy(attempt_id).await {
+    match store.call_skipped_as_busy(attempt_id, cap_slots).await {
         Ok(_) => Offered::Skipped(reason),
         Err(error) => {
             tracing::error!(%error, %attempt_id, "could not turn the call's row into a busy skip");

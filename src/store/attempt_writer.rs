@@ -75,8 +75,9 @@ pub(super) enum AttemptWrite {
         release: Vec<CapSlot>,
     },
     /// A call's `in_flight` row that never went out (no free slot in
-    /// time), turned into the `busy` skip it became.
-    Busy { id: String },
+    /// time), turned into the `busy` skip it became; `release` gives back
+    /// a post's cap slots.
+    Busy { id: String, release: Vec<CapSlot> },
     /// An accepted post's answer, its sale and the lead's `sold`, as one.
     Sell {
         id: String,
@@ -336,7 +337,7 @@ async fn skip_busy_calls(
     results: &mut [Written],
 ) -> Result<(), DbErr> {
     let busy = of_kind(writes, |write| match write {
-        AttemptWrite::Busy { id } => Some(id.as_str()),
+        AttemptWrite::Busy { id, .. } => Some(id.as_str()),
         _ => None,
     });
     if busy.is_empty() {
@@ -498,7 +499,7 @@ async fn sell(
 
 /// Reserves the cap slots of the new rows whose claim holds (a row whose
 /// cap is full is written as a `capped` skip) and gives back the slots of
-/// the answers written: in buyer order, the same in every instance's
+/// the answers and `busy` skips written: in buyer order, the same in every instance's
 /// groups, so two groups never wait on each other's counters in a cycle.
 async fn take_cap_slots(
     txn: &DatabaseTransaction,
@@ -517,8 +518,10 @@ async fn take_cap_slots(
                     results[index] = Written::Capped;
                 }
             }
-            AttemptWrite::Finish { release, .. } => caps::release(txn, release).await?,
-            AttemptWrite::Sell { .. } | AttemptWrite::Busy { .. } => {}
+            AttemptWrite::Finish { release, .. } | AttemptWrite::Busy { release, .. } => {
+                caps::release(txn, release).await?
+            }
+            AttemptWrite::Sell { .. } => {}
         }
     }
     Ok(())
@@ -528,8 +531,8 @@ async fn take_cap_slots(
 fn cap_buyer(write: &AttemptWrite) -> Option<&str> {
     let slots = match write {
         AttemptWrite::Insert { caps, .. } => caps,
-        AttemptWrite::Finish { release, .. } => release,
-        AttemptWrite::Sell { .. } | AttemptWrite::Busy { .. } => return None,
+        AttemptWrite::Finish { release, .. } | AttemptWrite::Busy { release, .. } => release,
+        AttemptWrite::Sell { .. } => return None,
     };
     slots.first().map(|slot| slot.buyer_id.as_str())
 }

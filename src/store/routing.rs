@@ -808,10 +808,17 @@ impl Store {
 
     /// A call's row that never went out (its buyer had no free slot in
     /// time), rewritten as the `busy` skip it became while still
-    /// `in_flight` (`Stale` when recovery settled it meanwhile).
-    pub async fn call_skipped_as_busy(&self, attempt_id: &str) -> Result<Written, DbErr> {
+    /// `in_flight` (`Stale` when recovery settled it meanwhile); `release`
+    /// gives a post's cap slots back.
+    pub async fn call_skipped_as_busy(
+        &self,
+        attempt_id: &str,
+        release: Vec<CapSlot>,
+    ) -> Result<Written, DbErr> {
         let id = attempt_id.to_string();
-        self.attempts.write(AttemptWrite::Busy { id }).await
+        self.attempts
+            .write(AttemptWrite::Busy { id, release })
+            .await
     }
 
     /// The one door for a sale made by a call: the accepted post's answer,

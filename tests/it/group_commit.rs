@@ -96,8 +96,8 @@ async fn writes_sharing_one_commit_each_keep_their_own_conditions(backend: Backe
             store.sell(post, end(CallOutcome::Accepted), sale)
         })),
         join_all([
-            store.call_skipped_as_busy(&waiting_for_a_slot),
-            store.call_skipped_as_busy(&answered),
+            store.call_skipped_as_busy(&waiting_for_a_slot, Vec::new()),
+            store.call_skipped_as_busy(&answered, Vec::new()),
         ]),
     );
 

@@ -20,6 +20,7 @@ on_both_databases!(
     kill_9_after_a_burst_loses_no_acknowledged_lead,
     kill_9_during_a_post_leaves_the_lead_unknown_and_never_resends,
     kill_9_while_a_ping_waits_for_a_slot_sends_it_never,
+    kill_9_while_a_post_waits_for_a_slot_leaves_its_lead_unknown,
     a_panicking_buyer_actor_is_restarted_and_its_lead_finished,
     sigterm_refuses_leads_releases_leases_and_exits_zero,
     leads_unsold_in_an_outage_are_sold_after_kill_9_once_the_buyer_is_back,
@@ -261,6 +262,66 @@ async fn kill_9_while_a_ping_waits_for_a_slot_sends_it_never(backend: Backend) {
             "after the restart, one ping per new row"
         );
     }
+}
+
+/// A post takes its slot after its row (with its cap slots) is written:
+/// killed while one waits for a slot, its lead is `unknown` like that of
+/// any post in flight at a crash (SPEC section 9). It was never sent, and
+/// after the restart nothing is re-sent and no other buyer is offered it.
+async fn kill_9_while_a_post_waits_for_a_slot_leaves_its_lead_unknown(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
+    let narrow = TestBuyer::start(
+        accept(),
+        Answer::Accept {
+            delay: Duration::from_secs(60),
+        },
+    );
+    let wide = TestBuyer::start(accept(), accept());
+    let buyers = BuyerConfig {
+        ping_timeout: None,
+        post_timeout: "90s",
+        extra: "max_concurrency = 1\nqueue_timeout = \"60s\"",
+        ..BuyerConfig::new("narrow", 1)
+    }
+    .toml(&narrow.base)
+        + &BuyerConfig::new("wide", 2).toml(&wide.base);
+    let config = ServiceConfig::write(&database.url, "2s", &buyers);
+    let mut service = Service::start(&config).await;
+    let mut ids = Vec::new();
+    for key in ["first-post", "second-post"] {
+        let answer = service.app.post_feed_lead(&feed_lead(key)).await;
+        ids.push(answer.json()["submission_id"].as_str().unwrap().to_string());
+    }
+    let narrow_posts_in_flight = || async {
+        attempt::Entity::find()
+            .filter(attempt::Column::BuyerId.eq("narrow"))
+            .filter(attempt::Column::Outcome.eq("in_flight"))
+            .all(service.app.store.connection())
+            .await
+            .unwrap()
+            .len()
+    };
+    wait_until(
+        "one post sent, the other's row written and waiting for the slot",
+        Duration::from_secs(20),
+        || async { narrow.calls("post").len() == 1 && narrow_posts_in_flight().await == 2 },
+    )
+    .await;
+    service.kill_9();
+
+    let service = Service::start(&config).await;
+    for id in &ids {
+        service.app.wait_for_state(id, "unknown").await;
+    }
+    assert_eq!(
+        narrow.calls("post").len(),
+        1,
+        "the waiting post was never sent, and nothing was re-sent"
+    );
+    assert!(
+        wide.calls("post").is_empty(),
+        "an unknown lead is offered to no other buyer"
+    );
 }
 
 async fn a_panicking_buyer_actor_is_restarted_and_its_lead_finished(backend: Backend) {

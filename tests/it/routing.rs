@@ -424,12 +424,14 @@ async fn the_breaker_opens_skips_half_opens_closes_and_the_skipped_leads_are_sol
 }
 
 /// Two leads at once, to `narrow` (one slot, a 200 ms `queue_timeout`, its
-/// pings or, without a ping, its posts answered after 1.5 s) and then to
-/// `wide`: `narrow`, and each lead's view once sold.
+/// pings or, without a ping, its posts answered after 1.5 s, and `extra`
+/// keys) and then to `wide`: `narrow`, the app, and each lead's view once
+/// sold.
 async fn two_leads_at_a_one_slot_buyer(
     backend: Backend,
     with_ping: bool,
-) -> (TestBuyer, Vec<Value>) {
+    extra: &str,
+) -> (TestBuyer, TestApp, Vec<Value>) {
     let slow = Answer::Accept {
         delay: Duration::from_millis(1500),
     };
@@ -439,9 +441,10 @@ async fn two_leads_at_a_one_slot_buyer(
         TestBuyer::start(accept(), slow)
     };
     let wide = TestBuyer::start(accept(), accept());
+    let extra = format!("max_concurrency = 1\nqueue_timeout = \"200ms\"\n{extra}");
     let config = BuyerConfig {
         ping_timeout: with_ping.then_some("2s"),
-        extra: "max_concurrency = 1\nqueue_timeout = \"200ms\"",
+        extra: &extra,
         ..BuyerConfig::new("narrow", 1)
     }
     .toml(&narrow.base)
@@ -457,18 +460,47 @@ async fn two_leads_at_a_one_slot_buyer(
     views.sort_by_key(|view| view["sold_to"].as_str().unwrap().to_string());
     let sold_to: Vec<&Value> = views.iter().map(|view| &view["sold_to"]).collect();
     assert_eq!(sold_to, ["narrow", "wide"]);
-    (narrow, views)
+    (narrow, app, views)
 }
 
+/// A post takes its slot once its row is written (with its cap slot): the
+/// row of a post that found no slot in time becomes the `busy` skip, is
+/// never sent, and gives its cap slot back.
 async fn a_busy_buyer_is_skipped_after_its_queue_timeout(backend: Backend) {
-    let (_, views) = two_leads_at_a_one_slot_buyer(backend, false).await;
+    let (narrow, app, views) = two_leads_at_a_one_slot_buyer(backend, false, "daily_cap = 2").await;
+    assert_eq!(
+        attempts_of(&views[1]),
+        [
+            row("narrow", "skip", "busy"),
+            row("wide", "ping", "accepted"),
+            row("wide", "post", "accepted"),
+        ],
+        "the waiting post's row became the skip, nothing left in flight"
+    );
     assert_eq!(views[1]["attempts"][0]["reason"], "busy");
+    assert_eq!(
+        narrow.calls("post").len(),
+        1,
+        "the skipped post was never sent"
+    );
+    let buyers = app.admin_get("/v1/buyers").await.json();
+    let narrow_caps = buyers
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|buyer| buyer["id"] == "narrow")
+        .map(|buyer| &buyer["caps"][0])
+        .unwrap();
+    assert_eq!(
+        narrow_caps["used"], 1,
+        "only the sale holds a cap slot: {narrow_caps}"
+    );
 }
 
 /// A ping takes its slot once its row is written: the row of a ping that
 /// found no slot in time becomes the `busy` skip, and is never sent.
 async fn a_ping_that_finds_no_free_slot_becomes_a_busy_skip(backend: Backend) {
-    let (narrow, views) = two_leads_at_a_one_slot_buyer(backend, true).await;
+    let (narrow, _, views) = two_leads_at_a_one_slot_buyer(backend, true, "").await;
     assert_eq!(
         attempts_of(&views[0]),
         [
