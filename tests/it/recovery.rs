@@ -182,20 +182,33 @@ async fn kill_9_during_a_post_leaves_the_lead_unknown_and_never_resends(backend:
     );
 }
 
-/// A ping takes its slot after its row is written: killed while one
-/// waits for a slot, its row is settled as an interrupted `error` and it
-/// was never sent; the walk goes on after the restart.
-async fn kill_9_while_a_ping_waits_for_a_slot_sends_it_never(backend: Backend) {
+/// A service killed with `kill -9` while a call waits for its buyer's
+/// slot: `narrow` (one slot, answering its calls of the kind after 60 s)
+/// and `wide`, the service's configuration, the two leads' ids.
+struct KilledWhileWaiting {
+    _database: TestDatabase,
+    config: ServiceConfig,
+    narrow: TestBuyer,
+    wide: TestBuyer,
+    ids: Vec<String>,
+}
+
+/// Two leads to `narrow`, which takes calls of `kind` (`ping`, or `post`
+/// when it takes direct posts), killed once one such call went out and the
+/// other's row is written and waits for the slot.
+async fn killed_while_a_call_waits_for_a_slot(backend: Backend, kind: &str) -> KilledWhileWaiting {
     let database = TestDatabase::create(backend).await;
-    let narrow = TestBuyer::start(
-        Answer::Accept {
-            delay: Duration::from_secs(60),
-        },
-        accept(),
-    );
+    let slow = Answer::Accept {
+        delay: Duration::from_secs(60),
+    };
+    let narrow = match kind {
+        "ping" => TestBuyer::start(slow, accept()),
+        _ => TestBuyer::start(accept(), slow),
+    };
     let wide = TestBuyer::start(accept(), accept());
     let buyers = BuyerConfig {
-        ping_timeout: Some("90s"),
+        ping_timeout: (kind == "ping").then_some("90s"),
+        post_timeout: "90s",
         extra: "max_concurrency = 1\nqueue_timeout = \"60s\"",
         ..BuyerConfig::new("narrow", 1)
     }
@@ -204,11 +217,12 @@ async fn kill_9_while_a_ping_waits_for_a_slot_sends_it_never(backend: Backend) {
     let config = ServiceConfig::write(&database.url, "2s", &buyers);
     let mut service = Service::start(&config).await;
     let mut ids = Vec::new();
-    for key in ["first-ping", "second-ping"] {
-        let answer = service.app.post_feed_lead(&feed_lead(key)).await;
+    for key in ["first", "second"] {
+        let lead = feed_lead(&format!("{key}-{kind}"));
+        let answer = service.app.post_feed_lead(&lead).await;
         ids.push(answer.json()["submission_id"].as_str().unwrap().to_string());
     }
-    let narrow_pings_in_flight = || async {
+    let narrow_calls_in_flight = || async {
         attempt::Entity::find()
             .filter(attempt::Column::BuyerId.eq("narrow"))
             .filter(attempt::Column::Outcome.eq("in_flight"))
@@ -218,12 +232,27 @@ async fn kill_9_while_a_ping_waits_for_a_slot_sends_it_never(backend: Backend) {
             .len()
     };
     wait_until(
-        "one ping sent, the other's row written and waiting for the slot",
+        "one call sent, the other's row written and waiting for the slot",
         Duration::from_secs(20),
-        || async { narrow.calls("ping").len() == 1 && narrow_pings_in_flight().await == 2 },
+        || async { narrow.calls(kind).len() == 1 && narrow_calls_in_flight().await == 2 },
     )
     .await;
     service.kill_9();
+    KilledWhileWaiting {
+        _database: database,
+        config,
+        narrow,
+        wide,
+        ids,
+    }
+}
+
+/// A ping takes its slot after its row is written: killed while one
+/// waits for a slot, its row is settled as an interrupted `error` and it
+/// was never sent; the walk goes on after the restart.
+async fn kill_9_while_a_ping_waits_for_a_slot_sends_it_never(backend: Backend) {
+    let killed = killed_while_a_call_waits_for_a_slot(backend, "ping").await;
+    let (config, narrow, ids) = (&killed.config, &killed.narrow, &killed.ids);
     let sent_before_the_kill = narrow.calls_per_lead("ping");
     let waiting: Vec<&String> = ids
         .iter()
@@ -236,8 +265,8 @@ async fn kill_9_while_a_ping_waits_for_a_slot_sends_it_never(backend: Backend) {
     );
 
     narrow.set_ping(Answer::Reject);
-    let service = Service::start(&config).await;
-    for id in &ids {
+    let service = Service::start(config).await;
+    for id in ids {
         let view = service.app.wait_for_state(id, "sold").await;
         assert_eq!(view["sold_to"], "wide");
         let narrow_rows: Vec<(String, String, Option<String>)> = attempts_of(&service.app, id)
@@ -269,48 +298,11 @@ async fn kill_9_while_a_ping_waits_for_a_slot_sends_it_never(backend: Backend) {
 /// any post in flight at a crash (SPEC section 9). It was never sent, and
 /// after the restart nothing is re-sent and no other buyer is offered it.
 async fn kill_9_while_a_post_waits_for_a_slot_leaves_its_lead_unknown(backend: Backend) {
-    let database = TestDatabase::create(backend).await;
-    let narrow = TestBuyer::start(
-        accept(),
-        Answer::Accept {
-            delay: Duration::from_secs(60),
-        },
-    );
-    let wide = TestBuyer::start(accept(), accept());
-    let buyers = BuyerConfig {
-        ping_timeout: None,
-        post_timeout: "90s",
-        extra: "max_concurrency = 1\nqueue_timeout = \"60s\"",
-        ..BuyerConfig::new("narrow", 1)
-    }
-    .toml(&narrow.base)
-        + &BuyerConfig::new("wide", 2).toml(&wide.base);
-    let config = ServiceConfig::write(&database.url, "2s", &buyers);
-    let mut service = Service::start(&config).await;
-    let mut ids = Vec::new();
-    for key in ["first-post", "second-post"] {
-        let answer = service.app.post_feed_lead(&feed_lead(key)).await;
-        ids.push(answer.json()["submission_id"].as_str().unwrap().to_string());
-    }
-    let narrow_posts_in_flight = || async {
-        attempt::Entity::find()
-            .filter(attempt::Column::BuyerId.eq("narrow"))
-            .filter(attempt::Column::Outcome.eq("in_flight"))
-            .all(service.app.store.connection())
-            .await
-            .unwrap()
-            .len()
-    };
-    wait_until(
-        "one post sent, the other's row written and waiting for the slot",
-        Duration::from_secs(20),
-        || async { narrow.calls("post").len() == 1 && narrow_posts_in_flight().await == 2 },
-    )
-    .await;
-    service.kill_9();
+    let killed = killed_while_a_call_waits_for_a_slot(backend, "post").await;
+    let (config, narrow, wide, ids) = (&killed.config, &killed.narrow, &killed.wide, &killed.ids);
 
-    let service = Service::start(&config).await;
-    for id in &ids {
+    let service = Service::start(config).await;
+    for id in ids {
         service.app.wait_for_state(id, "unknown").await;
     }
     assert_eq!(
