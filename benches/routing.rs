@@ -29,8 +29,8 @@ use leadrouter::store::Store;
 use scratch_db::{Backend, TestDatabase};
 use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter, QuerySelect};
 use support::{
-    bases, buyers_toml, env_u64, mock_buyer, serve, submit_count, CpuPerLead, CpuUse, LoadResult,
-    Process,
+    bases, buyers_toml, env_u64, mock_buyer, serve, submit_count, Answered, CpuPerLead, CpuUse,
+    LoadResult, Process,
 };
 
 /// Each mock buyer's slots (`support::buyers_toml` gives each 64).
@@ -75,12 +75,18 @@ fn main() {
         "                  server CPU {:>6.3} ms per outbound call (routing's share: total minus the intake-only run)",
         routing_cpu_ms / routed.calls.max(1) as f64
     );
-    let buyer_bound = buyer_bound(latency_ms as f64, routed.busiest_per_lead);
+    let buyer_bound = buyer_bound(routed.busiest_held_ms, routed.busiest_per_lead);
     println!(
-        "                  buyer-bound limit {:>7.0} leads/s (the busiest buyer: {MOCK_SLOTS} slots / {latency_ms} ms per call / {:.2} calls per lead); routed = {:.2}x the limit",
+        "                  buyer-bound limit {:>7.0} leads/s (the busiest buyer: {MOCK_SLOTS} slots / {:.2} ms per call as it measured its answers, {latency_ms} ms nominal / {:.2} calls per lead); routed = {:.2}x the limit",
         buyer_bound,
+        routed.busiest_held_ms,
         routed.busiest_per_lead,
         routed.routed_rate / buyer_bound
+    );
+    println!(
+        "                  (at the nominal {latency_ms} ms the limit would be {:>7.0} leads/s; routed = {:.2}x that)",
+        buyer_bound * routed.busiest_held_ms / latency_ms as f64,
+        routed.routed_rate / (buyer_bound * routed.busiest_held_ms / latency_ms as f64)
     );
     println!(
         "                  after the last lead was acknowledged: {} leads waiting, routed at {:>7.0} leads/s = {:.2}x the limit (no intake to yield to)",
@@ -141,6 +147,8 @@ struct Phase {
     drain_rate: f64,
     /// Calls to the buyer called most, per lead.
     busiest_per_lead: f64,
+    /// The mean time that buyer held a call, as it measured its answers.
+    busiest_held_ms: f64,
     /// CPU per lead by process, and cores busy, from the first lead sent
     /// to the last final.
     cpu_per_lead: CpuPerLead,
@@ -163,6 +171,8 @@ struct Routed {
     calls: u64,
     /// Calls to the buyer called most, per lead.
     busiest_per_lead: f64,
+    /// Which buyer that is (its index in the configuration).
+    busiest: usize,
     sold: u64,
     median_to_sale_ms: f64,
     /// Where a routed lead's time went.
@@ -195,9 +205,9 @@ impl Breakdown {
 }
 
 /// The leads/s the buyers allow: the busiest buyer's calls per second
-/// (its slots over its latency) over its calls per lead.
-fn buyer_bound(latency_ms: f64, busiest_per_lead: f64) -> f64 {
-    MOCK_SLOTS as f64 / (latency_ms / 1000.0) / busiest_per_lead
+/// (its slots over the time it holds a call) over its calls per lead.
+fn buyer_bound(held_ms: f64, busiest_per_lead: f64) -> f64 {
+    MOCK_SLOTS as f64 / (held_ms / 1000.0) / busiest_per_lead
 }
 
 /// Runs `serve` on a fresh database, selling to `buyers`, submits
@@ -223,6 +233,7 @@ fn run_phase(
         ),
     );
     let cpu_before = server.cpu_ms();
+    let answered_before = System::new().block_on(answered_by(buyers, wait));
     let cpu_use = CpuUse::start(&server, buyers);
     let url = format!("{}/v1/leads?source=bench", server.base());
     let started = Instant::now();
@@ -232,6 +243,12 @@ fn run_phase(
     } else {
         Routed::default()
     };
+    let answered_after = System::new().block_on(answered_by(buyers, wait));
+    let busiest_held_ms = answered_after
+        .get(routed.busiest)
+        .map_or(f64::NAN, |after| {
+            after.mean_ms_since(&answered_before[routed.busiest])
+        });
     let cpu_per_lead = cpu_use.per_lead(&server, buyers, leads as usize);
     let cpu_ms = server.cpu_ms() - cpu_before;
     drop(server);
@@ -241,6 +258,7 @@ fn run_phase(
         waiting_after_intake: routed.waiting_after_intake,
         drain_rate: routed.drain_rate,
         busiest_per_lead: routed.busiest_per_lead,
+        busiest_held_ms,
         cpu_per_lead,
         calls: routed.calls,
         cpu_ms,
@@ -248,6 +266,18 @@ fn run_phase(
         median_to_sale_ms: routed.median_to_sale_ms,
         breakdown: routed.breakdown,
     }
+}
+
+/// What each buyer answered so far, when the phase's buyers answer (and
+/// are waited for); none for hanging buyers.
+async fn answered_by(buyers: &[Process], answering: bool) -> Vec<Answered> {
+    let mut answered = Vec::new();
+    if answering {
+        for buyer in buyers {
+            answered.push(Answered::read(&buyer.base()).await);
+        }
+    }
+    answered
 }
 
 async fn wait_until_final(url: &str, started: Instant) -> Routed {
@@ -302,7 +332,10 @@ async fn wait_until_final(url: &str, started: Instant) -> Routed {
     for buyer in buyers_called {
         *per_buyer.entry(buyer).or_default() += 1;
     }
-    let busiest = per_buyer.values().copied().max().unwrap_or(0);
+    let (busiest_id, busiest) = per_buyer
+        .into_iter()
+        .max_by_key(|(_, calls)| *calls)
+        .unwrap_or_default();
     let leads = lead::Entity::find().all(db).await.unwrap();
     let calls_made = attempt::Entity::find()
         .filter(attempt::Column::Kind.is_in(["ping", "post"]))
@@ -330,6 +363,7 @@ async fn wait_until_final(url: &str, started: Instant) -> Routed {
         drain_rate,
         calls,
         busiest_per_lead: busiest as f64 / total.max(1) as f64,
+        busiest: busiest_id.trim_start_matches('b').parse().unwrap_or(0),
         sold: to_sale.len() as u64,
         median_to_sale_ms: median(&mut to_sale),
         breakdown,

@@ -522,6 +522,37 @@ fn buyers_cpu_ms(buyers: &[Process]) -> f64 {
     buyers.iter().map(Process::cpu_ms).sum()
 }
 
+/// What a mock buyer answered so far (`GET /stats`): calls, and the time
+/// it held them in all (ms).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Answered {
+    pub calls: u64,
+    pub held_ms: f64,
+}
+
+impl Answered {
+    pub async fn read(base: &str) -> Self {
+        let stats: serde_json::Value = awc::Client::default()
+            .get(format!("{base}/stats"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        Self {
+            calls: stats["calls"].as_u64().unwrap(),
+            held_ms: stats["held_ms"].as_f64().unwrap(),
+        }
+    }
+
+    /// The mean time a call answered between `earlier` and this reading
+    /// was held.
+    pub fn mean_ms_since(&self, earlier: &Self) -> f64 {
+        (self.held_ms - earlier.held_ms) / (self.calls - earlier.calls).max(1) as f64
+    }
+}
+
 /// The service's own intake latency histogram (`leadrouter_intake_seconds`,
 /// from the handing over of a lead to its answer) as (upper bound in s,
 /// cumulative count) pairs, read from `/metrics`.

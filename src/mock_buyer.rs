@@ -4,14 +4,18 @@
 //! `bid` and `ping_id`, on a post `price` (what the example configuration
 //! reads), beside the fields such APIs also send (`response`,
 //! `leadAuctionId`, `details`); 503 on a simulated failure, or nothing at
-//! all when told to hang.
+//! all when told to hang. `GET /stats` tells how many calls it answered
+//! and how long it held them on average: a benchmark's buyer-bound limit
+//! comes from the time the buyer really took (its timer rounds its
+//! latency up), not from the nominal one.
 
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use actix_web::{dev::Server, web, App, HttpResponse, HttpServer};
+use actix_web::dev::{Server, Service};
+use actix_web::{web, App, HttpResponse, HttpServer};
 use serde_json::json;
 
 /// How the simulated buyer behaves.
@@ -30,12 +34,29 @@ pub struct Behaviour {
 pub fn start(listener: TcpListener, behaviour: Behaviour) -> std::io::Result<Server> {
     let behaviour = web::Data::new(behaviour);
     let auction_ids = web::Data::new(Arc::new(AtomicU64::new(100_000)));
+    let answered = web::Data::new(Answered::default());
     let server = HttpServer::new(move || {
+        let timed = answered.clone();
         App::new()
             .app_data(behaviour.clone())
             .app_data(auction_ids.clone())
-            .route("/ping", web::post().to(ping))
-            .route("/post", web::post().to(post))
+            .app_data(answered.clone())
+            .route("/stats", web::get().to(stats))
+            .service(
+                web::scope("")
+                    .wrap_fn(move |request, service| {
+                        let arrived = Instant::now();
+                        let answer = service.call(request);
+                        let answered = timed.clone();
+                        async move {
+                            let answer = answer.await;
+                            answered.record(arrived.elapsed());
+                            answer
+                        }
+                    })
+                    .route("/ping", web::post().to(ping))
+                    .route("/post", web::post().to(post)),
+            )
     })
     .workers(1)
     .listen(listener)?
@@ -52,6 +73,31 @@ pub async fn run(listen: &str, behaviour: Behaviour) -> anyhow::Result<()> {
     );
     start(listener, behaviour)?.await?;
     Ok(())
+}
+
+/// The calls answered (pings and posts) and the time they were held, from
+/// the request's head read to the answer handed back.
+#[derive(Default)]
+struct Answered {
+    calls: AtomicU64,
+    held_micros: AtomicU64,
+}
+
+impl Answered {
+    fn record(&self, held: Duration) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.held_micros
+            .fetch_add(held.as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
+/// `{"calls": …, "held_ms": …}`: calls answered so far and the total time
+/// they were held (ms), so that a reader can take the mean over any span.
+async fn stats(answered: web::Data<Answered>) -> HttpResponse {
+    HttpResponse::Ok().json(json!({
+        "calls": answered.calls.load(Ordering::Relaxed),
+        "held_ms": answered.held_micros.load(Ordering::Relaxed) as f64 / 1000.0,
+    }))
 }
 
 /// Answers after the latency; `None` when the call is to fail or hang.

@@ -826,6 +826,42 @@ async fn the_example_configuration_sells_to_mock_buyer() {
     assert!(view["price"].as_f64().unwrap() >= 5.0, "{view}");
 }
 
+#[actix_web::test]
+async fn mock_buyer_counts_its_answers_and_the_time_it_held_them() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let behaviour = leadrouter::mock_buyer::Behaviour {
+        accept_rate: 1.0,
+        latency: Duration::from_millis(30),
+        fail_rate: 0.0,
+        hang: false,
+    };
+    actix_web::rt::spawn(leadrouter::mock_buyer::start(listener, behaviour).unwrap());
+    let client = awc::Client::default();
+    for path in ["ping", "post", "ping"] {
+        let answer = client
+            .post(format!("{base}/{path}"))
+            .send_json(&json!({"bid": 12.0}))
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+    }
+    let stats: serde_json::Value = client
+        .get(format!("{base}/stats"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stats["calls"], 3, "{stats}");
+    let held_ms = stats["held_ms"].as_f64().unwrap();
+    assert!(
+        held_ms >= 90.0,
+        "each call is held its 30 ms at least: {stats}"
+    );
+}
+
 /// `count` feed leads sent at once, each accepted.
 async fn feed_leads_at_once(app: &TestApp, prefix: &str, count: usize) {
     let answers = join_all((0..count).map(|n| {
