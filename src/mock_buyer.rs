@@ -5,7 +5,7 @@
 //! reads), beside the fields such APIs also send (`response`,
 //! `leadAuctionId`, `details`); 503 on a simulated failure, or nothing at
 //! all when told to hang. `GET /stats` tells how many calls it answered
-//! and how long it held them on average: a benchmark's buyer-bound limit
+//! and how long it held them in all: a benchmark's buyer-bound limit
 //! comes from the time the buyer really took (its timer rounds its
 //! latency up), not from the nominal one.
 
