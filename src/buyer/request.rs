@@ -3,6 +3,7 @@
 //! headers, and `Idempotency-Key: <lead_id>:<buyer_id>:<kind>`. Also the
 //! redacted copy of the request that the attempt row keeps.
 
+use serde::{Serialize, Serializer};
 use serde_json::{json, Map, Value};
 
 use crate::config::BuyerSettings;
@@ -77,7 +78,7 @@ pub fn build(
     let content_type = content_type.unwrap_or_else(|| "application/json".into());
     let body = match &template {
         Some(template) => render(template, &content_type, lead, ping),
-        None => default_body(kind, lead, ping, pii_fields).to_string(),
+        None => default_body(kind, lead, ping, pii_fields),
     };
     // What the file says, `${VAR}` unresolved, for the stored copy.
     let written = &buyer.snapshot.value[kind.as_str()];
@@ -115,43 +116,78 @@ pub fn build(
     }
 }
 
+/// The default body's JSON text, serialized from the lead where it is
+/// (building a `Value` first copied every field of every call). Keys in
+/// alphabetical order, as a `serde_json::Map` writes them.
 fn default_body(
     kind: CallKind,
     lead: &LeadOffer,
     ping: &PingResult,
     pii_fields: &[String],
-) -> Value {
-    match kind {
-        CallKind::Ping => {
-            let fields: Map<String, Value> = lead
-                .fields
-                .iter()
-                .filter(|(name, _)| !pii_fields.contains(name))
-                .map(|(name, value)| (name.clone(), value.clone()))
-                .collect();
-            let attribution: Map<String, Value> = lead
-                .attribution
-                .iter()
-                .filter(|(name, _)| !POST_ONLY_ATTRIBUTION.contains(&name.as_str()))
-                .map(|(name, value)| (name.clone(), value.clone()))
-                .collect();
-            json!({
-                "lead_id": lead.lead_id,
-                "source": lead.source,
-                "test": lead.is_test,
-                "fields": fields,
-                "attribution": attribution,
-            })
-        }
-        CallKind::Post => json!({
-            "lead_id": lead.lead_id,
-            "source": lead.source,
-            "test": lead.is_test,
-            "ping_id": ping.ping_id,
-            "bid": ping.bid,
-            "fields": lead.fields,
-            "attribution": lead.attribution,
+) -> String {
+    let written = match kind {
+        CallKind::Ping => serde_json::to_string(&PingBody {
+            attribution: Without {
+                map: &lead.attribution,
+                left_out: |name| POST_ONLY_ATTRIBUTION.contains(&name),
+            },
+            fields: Without {
+                map: &lead.fields,
+                left_out: |name| pii_fields.iter().any(|pii| pii == name),
+            },
+            lead_id: &lead.lead_id,
+            source: &lead.source,
+            test: lead.is_test,
         }),
+        CallKind::Post => serde_json::to_string(&PostBody {
+            attribution: &lead.attribution,
+            bid: ping.bid,
+            fields: &lead.fields,
+            lead_id: &lead.lead_id,
+            ping_id: ping.ping_id.as_deref(),
+            source: &lead.source,
+            test: lead.is_test,
+        }),
+    };
+    written.expect("a map of JSON values and plain fields always serialize")
+}
+
+/// A ping's default body: no PII fields, no visitor's machine facts.
+#[derive(Serialize)]
+#[serde(bound = "")]
+struct PingBody<'a, A: Fn(&str) -> bool, F: Fn(&str) -> bool> {
+    attribution: Without<'a, A>,
+    fields: Without<'a, F>,
+    lead_id: &'a str,
+    source: &'a str,
+    test: bool,
+}
+
+/// A post's default body: everything the lead has.
+#[derive(Serialize)]
+struct PostBody<'a> {
+    attribution: &'a Map<String, Value>,
+    bid: Option<f64>,
+    fields: &'a Map<String, Value>,
+    lead_id: &'a str,
+    ping_id: Option<&'a str>,
+    source: &'a str,
+    test: bool,
+}
+
+/// A map serialized without the entries whose name is `left_out`.
+struct Without<'a, L: Fn(&str) -> bool> {
+    map: &'a Map<String, Value>,
+    left_out: L,
+}
+
+impl<L: Fn(&str) -> bool> Serialize for Without<'_, L> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(
+            self.map
+                .iter()
+                .filter(|(name, _)| !(self.left_out)(name.as_str())),
+        )
     }
 }
 
@@ -291,6 +327,7 @@ mod tests {
     fn default_pings_leave_out_personal_data_and_posts_carry_everything() {
         let pii = vec!["email".to_string()];
         let ping = default_body(CallKind::Ping, &lead(), &PingResult::default(), &pii);
+        let ping: Value = serde_json::from_str(&ping).unwrap();
         assert_eq!(ping["fields"].get("email"), None);
         assert_eq!(ping["fields"]["state"], "CA");
         assert_eq!(ping["attribution"].get("client_ip"), None);
@@ -303,6 +340,7 @@ mod tests {
             },
             &pii,
         );
+        let post: Value = serde_json::from_str(&post).unwrap();
         assert_eq!(post["fields"]["email"], "a@b.co");
         assert_eq!(post["ping_id"], "P");
         assert_eq!(post["bid"], 3.0);

@@ -15,6 +15,7 @@
 //! same commit. A new row's configuration (`snapshots`) is written in the
 //! commit of the first row that names it.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -26,8 +27,9 @@ use sea_orm::sea_query::{
     Alias, Expr, ExprTrait, IntoIden, OnConflict, Query, TableRef, ValueTuple,
 };
 use sea_orm::{
-    ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend,
-    DbErr, EntityTrait, QueryFilter, QuerySelect, QueryTrait, Set, TransactionTrait,
+    ActiveModelTrait, ColumnTrait, Condition, ConnectionTrait, DatabaseConnection,
+    DatabaseTransaction, DbBackend, DbErr, EntityTrait, Iterable, QueryFilter, QuerySelect,
+    QueryTrait, Set, TransactionTrait,
 };
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
@@ -396,27 +398,59 @@ async fn fence(
     Ok(())
 }
 
-/// The new rows that may be written, the capped ones as skips, in one INSERT.
+/// The new rows that may be written, the capped ones as skips, in one
+/// INSERT built from the rows where they are. Each row's request goes as
+/// its JSON text (cast to `jsonb` on PostgreSQL): `insert_many` would copy
+/// every request's tree three times (the rows it takes, the statement it
+/// builds, the driver's binding) only to serialize it at the end.
 async fn insert_rows(
     txn: &DatabaseTransaction,
     writes: &[AttemptWrite],
     results: &[Written],
 ) -> Result<(), DbErr> {
-    let rows: Vec<attempt::ActiveModel> = writes
-        .iter()
-        .zip(results)
-        .filter_map(|(write, result)| match (write, result) {
-            (AttemptWrite::Insert { row, .. }, Written::Done) => Some((**row).clone()),
-            (AttemptWrite::Insert { row, .. }, Written::Capped) => Some(capped_skip(row)),
-            _ => None,
-        })
-        .collect();
-    if !rows.is_empty() {
-        attempt::Entity::insert_many(rows)
-            .exec_without_returning(txn)
-            .await?;
+    let backend = txn.get_database_backend();
+    let mut insert = Query::insert();
+    insert
+        .into_table(attempt::Entity)
+        .columns(attempt::Column::iter());
+    let mut rows = 0;
+    for (write, result) in writes.iter().zip(results) {
+        let row = match (write, result) {
+            (AttemptWrite::Insert { row, .. }, Written::Done) => Cow::Borrowed(&**row),
+            (AttemptWrite::Insert { row, .. }, Written::Capped) => Cow::Owned(capped_skip(row)),
+            _ => continue,
+        };
+        let values = attempt::Column::iter()
+            .map(|column| column_value(&row, column, backend))
+            .collect::<Result<Vec<_>, _>>()?;
+        insert
+            .values(values)
+            .map_err(|error| DbErr::Custom(error.to_string()))?;
+        rows += 1;
+    }
+    if rows > 0 {
+        txn.execute(&insert).await?;
     }
     Ok(())
+}
+
+/// One column of a new attempt row, as the INSERT's value: the request as
+/// JSON text, every other column as it is set.
+fn column_value(
+    row: &attempt::ActiveModel,
+    column: attempt::Column,
+    backend: DbBackend,
+) -> Result<Expr, DbErr> {
+    let unset = || DbErr::Custom(format!("a new attempt row has no {column:?}"));
+    if matches!(column, attempt::Column::Request) {
+        let text = Expr::val(row.request.try_as_ref().ok_or_else(unset)?.to_string());
+        return Ok(match backend {
+            DbBackend::Postgres => text.cast_as(Alias::new("jsonb")),
+            _ => text,
+        });
+    }
+    let value = row.get(column).into_value().ok_or_else(unset)?;
+    Ok(Expr::val(value))
 }
 
 /// Writes each answer onto its row if the row is still `in_flight`, in one
