@@ -27,7 +27,10 @@ use entity::{attempt, lead, sale};
 use leadrouter::config::{DatabaseSettings, Secret};
 use leadrouter::store::Store;
 use scratch_db::{Backend, TestDatabase};
-use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter, QuerySelect};
+use sea_orm::{
+    ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
+    QuerySelect,
+};
 use support::{
     bases, buyers_toml, env_u64, mock_buyer, serve, submit_count, Answered, CpuPerLead, CpuUse,
     LoadResult, Process,
@@ -238,10 +241,24 @@ fn run_phase(
     let url = format!("{}/v1/leads?source=bench", server.base());
     let started = Instant::now();
     let load = System::new().block_on(submit_count(&url, leads, clients));
-    let routed = if wait {
-        System::new().block_on(wait_until_final(&database.url, started))
+    let (routed, cpu_per_lead) = if wait {
+        System::new().block_on(async {
+            let store = Store::connect(&DatabaseSettings {
+                url: Secret::new(&database.url),
+                ..DatabaseSettings::default()
+            })
+            .await
+            .unwrap();
+            let drained = until_none_waits(store.connection(), started).await;
+            // Taken at the last final state, the span the rate covers:
+            // the tally's reads (every lead, every call) would add to
+            // PostgreSQL's and this process's CPU.
+            let cpu_per_lead = cpu_use.per_lead(&server, buyers, leads as usize);
+            (tally(store.connection(), drained).await, cpu_per_lead)
+        })
     } else {
-        Routed::default()
+        let cpu_per_lead = cpu_use.per_lead(&server, buyers, leads as usize);
+        (Routed::default(), cpu_per_lead)
     };
     let answered_after = System::new().block_on(answered_by(buyers, wait));
     let busiest_held_ms = answered_after
@@ -249,7 +266,6 @@ fn run_phase(
         .map_or(f64::NAN, |after| {
             after.mean_ms_since(&answered_before[routed.busiest])
         });
-    let cpu_per_lead = cpu_use.per_lead(&server, buyers, leads as usize);
     let cpu_ms = server.cpu_ms() - cpu_before;
     drop(server);
     Phase {
@@ -280,28 +296,36 @@ async fn answered_by(buyers: &[Process], answering: bool) -> Vec<Answered> {
     answered
 }
 
-async fn wait_until_final(url: &str, started: Instant) -> Routed {
-    let store = Store::connect(&DatabaseSettings {
-        url: Secret::new(url),
-        ..DatabaseSettings::default()
-    })
-    .await
-    .unwrap();
-    let db = store.connection();
+/// When the last lead reached a final state, and how fast the leads
+/// waiting at the end of intake were routed.
+struct Drained {
+    elapsed: Duration,
+    waiting_after_intake: u64,
+    drain_rate: f64,
+}
+
+/// Waits until no lead waits to be routed (`started`: the first lead sent).
+async fn until_none_waits(db: &DatabaseConnection, started: Instant) -> Drained {
     let intake_ended = Instant::now();
     let waiting_after_intake = lead::Entity::find()
         .filter(lead::Column::State.is_in(["received", "routing"]))
         .count(db)
         .await
         .unwrap();
-    // Polled every 50 ms, the probe is whether any lead still waits (one
-    // index entry), not how many: counting them took the database 1.7 ms a
-    // poll on PostgreSQL, CPU the run would count as routing's.
+    // Polled every 50 ms, the probe is whether any lead still waits, not
+    // how many (counting them took the database 1.7 ms a poll on
+    // PostgreSQL, CPU the run would count as routing's), read in the order
+    // of `leads_state_received_at` so that it is the first live entry of
+    // that index: unordered, PostgreSQL scanned the table from its start,
+    // through every routed lead's old versions (1-2.5 ms a poll, growing
+    // as the drain went on).
     loop {
         let still_waiting: Option<String> = lead::Entity::find()
             .select_only()
             .column(lead::Column::Id)
             .filter(lead::Column::State.is_in(["received", "routing"]))
+            .order_by_asc(lead::Column::State)
+            .order_by_asc(lead::Column::ReceivedAt)
             .limit(1)
             .into_tuple()
             .one(db)
@@ -316,8 +340,20 @@ async fn wait_until_final(url: &str, started: Instant) -> Routed {
         );
         actix_web::rt::time::sleep(Duration::from_millis(50)).await;
     }
-    let elapsed = started.elapsed();
-    let drain_rate = waiting_after_intake as f64 / intake_ended.elapsed().as_secs_f64();
+    Drained {
+        elapsed: started.elapsed(),
+        waiting_after_intake,
+        drain_rate: waiting_after_intake as f64 / intake_ended.elapsed().as_secs_f64(),
+    }
+}
+
+/// What the drained run came to, from its rows.
+async fn tally(db: &DatabaseConnection, drained: Drained) -> Routed {
+    let Drained {
+        elapsed,
+        waiting_after_intake,
+        drain_rate,
+    } = drained;
     let total = lead::Entity::find().count(db).await.unwrap();
     let buyers_called: Vec<String> = attempt::Entity::find()
         .select_only()
