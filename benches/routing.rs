@@ -4,7 +4,8 @@
 //! the whole run, and from the last lead acknowledged on, when routing no
 //! longer yields to intake) beside the buyer-bound limit and the
 //! machine-bound limit (two cores over the CPU every process spent per
-//! lead: service, PostgreSQL, mock buyers, load generator), the
+//! lead: service, PostgreSQL, mock buyers, load generator), the rows
+//! PostgreSQL wrote per lead (by table, index entries, commits), the
 //! server's CPU time per outbound call, and intake latency with healthy and
 //! with hanging buyers; then the same buyers sold to by auction, against the
 //! waterfall run (leads/s, median time from arrival to sale, calls per lead).
@@ -28,8 +29,8 @@ use leadrouter::config::{DatabaseSettings, Secret};
 use leadrouter::store::Store;
 use scratch_db::{Backend, TestDatabase};
 use sea_orm::{
-    ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
-    QuerySelect,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, PaginatorTrait,
+    QueryFilter, QueryOrder, QuerySelect, Statement,
 };
 use support::{
     bases, buyers_toml, env_u64, mock_buyer, serve, submit_count, Answered, CpuPerLead, CpuUse,
@@ -97,6 +98,9 @@ fn main() {
         routed.drain_rate,
         routed.drain_rate / buyer_bound
     );
+    if let Some(work) = &routed.database_work {
+        println!("                  {}", work.per_lead(leads));
+    }
     let cpu = &routed.cpu_per_lead;
     println!("                  {cpu} (from the first lead sent to the last final; time stolen by the hypervisor counts as busy)");
     println!(
@@ -160,6 +164,8 @@ struct Phase {
     sold: u64,
     median_to_sale_ms: f64,
     breakdown: Breakdown,
+    /// What the database wrote, on PostgreSQL (routed phases).
+    database_work: Option<DatabaseWork>,
 }
 
 /// What a routed run ended as.
@@ -268,6 +274,8 @@ fn run_phase(
         });
     let cpu_ms = server.cpu_ms() - cpu_before;
     drop(server);
+    let database_work = (backend == Backend::Postgres && wait)
+        .then(|| System::new().block_on(DatabaseWork::read(&database.url)));
     Phase {
         load,
         routed_rate: routed.rate,
@@ -281,6 +289,7 @@ fn run_phase(
         sold: routed.sold,
         median_to_sale_ms: routed.median_to_sale_ms,
         breakdown: routed.breakdown,
+        database_work,
     }
 }
 
@@ -446,6 +455,115 @@ fn breakdown(leads: &[lead::Model], mut calls: Vec<attempt::Model>) -> Breakdown
         last_answer_to_final: median(&mut last),
         arrival_to_final: median(&mut total),
     }
+}
+
+/// Rows PostgreSQL wrote over a phase, by table, from its statistics of the
+/// phase's own database: counts, not times, so that a change in the
+/// database's work per lead shows through this machine's noise (only the
+/// heap-only share moves with timing: its pruning waits for older snapshots).
+struct DatabaseWork {
+    tables: Vec<TableWork>,
+    commits: i64,
+}
+
+struct TableWork {
+    name: String,
+    inserted: i64,
+    updated: i64,
+    /// Updates that wrote no index entry (heap-only tuples).
+    hot: i64,
+    /// Indexes without a predicate: each gets an entry per row inserted
+    /// and per update that is not heap-only.
+    full_indexes: i64,
+}
+
+impl DatabaseWork {
+    /// Read once the service has gone: each backend sends its counts when
+    /// it ends, so the phase's connections are waited for first.
+    async fn read(url: &str) -> Self {
+        let db = sea_orm::Database::connect(url).await.unwrap();
+        let others = "SELECT count(*) AS n FROM pg_stat_activity \
+                      WHERE datname = current_database() AND pid <> pg_backend_pid()";
+        let waited = Instant::now();
+        while scalar(&db, others).await > 0 {
+            assert!(
+                waited.elapsed() < Duration::from_secs(30),
+                "the service's connections stayed"
+            );
+            actix_web::rt::time::sleep(Duration::from_millis(20)).await;
+        }
+        let rows = db
+            .query_all_raw(Statement::from_string(
+                DbBackend::Postgres,
+                "SELECT s.relname AS name, s.n_tup_ins AS inserted, s.n_tup_upd AS updated, \
+                        s.n_tup_hot_upd AS hot, \
+                        (SELECT count(*) FROM pg_index i \
+                          WHERE i.indrelid = s.relid AND i.indpred IS NULL) AS full_indexes \
+                   FROM pg_stat_user_tables s \
+                  WHERE s.n_tup_ins + s.n_tup_upd > 0 AND s.relname <> 'seaql_migrations' \
+                  ORDER BY s.n_tup_ins + s.n_tup_upd DESC",
+            ))
+            .await
+            .unwrap();
+        let tables = rows
+            .iter()
+            .map(|row| TableWork {
+                name: row.try_get("", "name").unwrap(),
+                inserted: row.try_get("", "inserted").unwrap(),
+                updated: row.try_get("", "updated").unwrap(),
+                hot: row.try_get("", "hot").unwrap(),
+                full_indexes: row.try_get("", "full_indexes").unwrap(),
+            })
+            .collect();
+        let commits = scalar(
+            &db,
+            "SELECT xact_commit AS n FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .await;
+        Self { tables, commits }
+    }
+
+    /// "PostgreSQL rows per lead: leads 1.00 inserted, 1.93 updated (0%
+    /// heap-only), …; N index entries, M commits".
+    fn per_lead(&self, leads: u64) -> String {
+        let per_lead = |count: i64| count as f64 / leads.max(1) as f64;
+        let tables: Vec<String> = self
+            .tables
+            .iter()
+            .map(|table| {
+                let mut line = format!("{} {:.2} inserted", table.name, per_lead(table.inserted));
+                if table.updated > 0 {
+                    line += &format!(
+                        ", {:.2} updated ({:.0}% heap-only)",
+                        per_lead(table.updated),
+                        100.0 * table.hot as f64 / table.updated as f64
+                    );
+                }
+                line
+            })
+            .collect();
+        let index_entries: i64 = self
+            .tables
+            .iter()
+            .map(|table| (table.inserted + table.updated - table.hot) * table.full_indexes)
+            .sum();
+        format!(
+            "PostgreSQL rows per lead: {}; {:.1} index entries (indexes without a predicate), {:.2} commits (the bench's polls included)",
+            tables.join("; "),
+            per_lead(index_entries),
+            per_lead(self.commits)
+        )
+    }
+}
+
+/// The `n` column of a one-row query.
+async fn scalar(db: &DatabaseConnection, sql: &str) -> i64 {
+    db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get("", "n")
+        .unwrap()
 }
 
 fn median(values: &mut [f64]) -> f64 {
