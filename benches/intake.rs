@@ -3,7 +3,9 @@
 //! same database measured in the same run.
 //!
 //! Per database: the raw rate (autocommit INSERTs of a lead-shaped row, one
-//! connection per client on PostgreSQL, the one writer on SQLite); intake in
+//! connection per client on PostgreSQL, the one writer on SQLite; on
+//! PostgreSQL also over one connection, the cost of a durable commit on
+//! this machine, which decides what group commit can gain); intake in
 //! a closed loop (leads/s, p50/p99, CPU per lead in the service, in
 //! PostgreSQL and on the whole machine); intake at a fixed rate alone (once
 //! the closed loop's leads are routed); the
@@ -72,8 +74,19 @@ fn run(backend: Backend, bench: &Settings) {
         "== {backend:?}: {} clients, {} s per phase ==",
         bench.clients, bench.seconds
     );
-    let (raw, connections) = System::new().block_on(raw_insert_rate(backend, bench));
+    let (raw, connections) =
+        System::new().block_on(raw_insert_rate(backend, bench.clients, bench.seconds));
     println!("raw single-row inserts ({connections} connections, autocommit): {raw:>8.0} rows/s");
+    if backend == Backend::Postgres {
+        // What one durable commit costs here tells how much group commit
+        // can save: where a commit's flush is cheap, many connections
+        // committing at once come near intake's batches.
+        let (serial, _) = System::new().block_on(raw_insert_rate(backend, 1, bench.seconds.min(3)));
+        println!(
+            "raw single-row inserts (1 connection, autocommit):   {serial:>8.0} rows/s = {:.3} ms per durable commit, its round trip included",
+            1000.0 / serial
+        );
+    }
 
     let database = System::new().block_on(TestDatabase::create(backend));
     let dir = tempfile::tempdir().unwrap();
@@ -293,16 +306,17 @@ async fn spool_phase(url: &str, service: &Process, bench: &Settings) -> support:
 }
 
 /// The baseline: `clients` tasks doing one autocommit INSERT of a
-/// lead-shaped row after another, durably (SQLite in WAL with `synchronous
-/// = FULL`, as the service), over one connection per client on PostgreSQL
-/// and SQLite's one writer. Answers the rate and the connections used.
-async fn raw_insert_rate(backend: Backend, bench: &Settings) -> (f64, usize) {
+/// lead-shaped row after another for `seconds`, durably (SQLite in WAL
+/// with `synchronous = FULL`, as the service), over one connection per
+/// client on PostgreSQL and SQLite's one writer. Answers the rate and the
+/// connections used.
+async fn raw_insert_rate(backend: Backend, clients: usize, seconds: u64) -> (f64, usize) {
     use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 
     let database = TestDatabase::create(backend).await;
     let connections = match backend {
         Backend::Sqlite => 1,
-        Backend::Postgres => bench.clients,
+        Backend::Postgres => clients,
     };
     let mut options = ConnectOptions::new(database.url.clone());
     // Connected as the service connects (no TLS to this machine's server).
@@ -338,8 +352,8 @@ async fn raw_insert_rate(backend: Backend, bench: &Settings) -> (f64, usize) {
              VALUES (?, 'bench', ?, 'received', ?, ?, ?)"
         }
     };
-    let deadline = Instant::now() + Duration::from_secs(bench.seconds);
-    let tasks = (0..bench.clients).map(|_| {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let tasks = (0..clients).map(|_| {
         let db = db.clone();
         actix_web::rt::spawn(async move {
             let mut rows = 0u64;
