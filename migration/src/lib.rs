@@ -2,6 +2,7 @@
 //! `leadrouter serve` and `leadrouter migrate` on SQLite and PostgreSQL alike.
 
 pub use sea_orm_migration::prelude::*;
+use sea_orm_migration::sea_orm::DbBackend;
 
 mod m20261129_000001_create_store;
 mod m20261129_000002_create_alerts;
@@ -13,6 +14,7 @@ mod m20261201_000007_lead_aliases;
 mod m20261204_000008_status_figure_indexes;
 mod m20261204_000009_attempts_fillfactor;
 mod m20261205_000010_config_snapshots;
+mod m20261206_000011_payload_statistics;
 
 /// Every migration, oldest first.
 pub struct Migrator;
@@ -31,6 +33,16 @@ impl MigratorTrait for Migrator {
             Box::new(m20261204_000008_status_figure_indexes::Migration),
             Box::new(m20261204_000009_attempts_fillfactor::Migration),
             Box::new(m20261205_000010_config_snapshots::Migration),
+            Box::new(m20261206_000011_payload_statistics::Migration),
         ]
     }
+}
+
+/// Runs `sql` on PostgreSQL only: storage parameters and planner settings
+/// that SQLite does not have.
+async fn on_postgres(manager: &SchemaManager<'_>, sql: &str) -> Result<(), DbErr> {
+    if manager.get_database_backend() == DbBackend::Postgres {
+        manager.get_connection().execute_unprepared(sql).await?;
+    }
+    Ok(())
 }

@@ -7,7 +7,8 @@
 //! does). SQLite updates rows in place: nothing to do there.
 
 use sea_orm_migration::prelude::*;
-use sea_orm_migration::sea_orm::DbBackend;
+
+use crate::on_postgres;
 
 #[derive(DeriveMigrationName)]
 pub struct Migration;
@@ -21,12 +22,4 @@ impl MigrationTrait for Migration {
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         on_postgres(manager, "ALTER TABLE attempts RESET (fillfactor)").await
     }
-}
-
-/// Runs `sql` on PostgreSQL; SQLite has no storage parameters.
-async fn on_postgres(manager: &SchemaManager<'_>, sql: &str) -> Result<(), DbErr> {
-    if manager.get_database_backend() == DbBackend::Postgres {
-        manager.get_connection().execute_unprepared(sql).await?;
-    }
-    Ok(())
 }

@@ -1036,6 +1036,74 @@ async fn a_backlog_found_by_a_sweep_refreshes_the_planner_statistics() {
     crate::helpers::close_stores().await;
 }
 
+/// PostgreSQL keeps no planner statistics of the payload columns (raw
+/// bodies, fields, attribution, errors, requests and answers): `ANALYZE`
+/// skips them, so the backlog's refresh and autovacuum's do not sort
+/// sampled documents, and no common value of a personal field is copied
+/// into `pg_statistic`; the columns routing filters on keep theirs.
+#[actix_web::test]
+async fn analyze_keeps_no_statistics_of_the_payload_columns() {
+    use sea_orm::{ConnectionTrait, Statement};
+
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let store = open_store(&database.url).await;
+    store.migrate().await.unwrap();
+    crate::helpers::stored_leads(&store, 20).await;
+    let db = store.connection().clone();
+    let columns = |sql: &str| {
+        let db = db.clone();
+        let statement = Statement::from_string(db.get_database_backend(), sql);
+        async move {
+            let rows = db.query_all_raw(statement).await.unwrap();
+            let names = rows
+                .iter()
+                .map(|row| row.try_get::<String>("", "name").unwrap());
+            names.collect::<Vec<_>>()
+        }
+    };
+    db.execute_unprepared("ANALYZE leads").await.unwrap();
+
+    let kept = columns(
+        "SELECT tablename || '.' || attname AS name FROM pg_stats \
+         WHERE tablename = 'leads' ORDER BY 1",
+    )
+    .await;
+    for routing_column in ["leads.state", "leads.received_at", "leads.set_aside_reason"] {
+        assert!(kept.contains(&routing_column.to_string()), "{kept:?}");
+    }
+    for payload in [
+        "leads.raw",
+        "leads.fields",
+        "leads.attribution",
+        "leads.errors",
+    ] {
+        assert!(
+            !kept.contains(&payload.to_string()),
+            "{payload} in {kept:?}"
+        );
+    }
+    let skipped = columns(
+        "SELECT attrelid::regclass || '.' || attname AS name FROM pg_attribute \
+         WHERE attstattarget = 0 AND attnum > 0 AND NOT attisdropped \
+         AND attrelid IN ('leads'::regclass, 'attempts'::regclass, 'intake_log'::regclass) \
+         ORDER BY 1",
+    )
+    .await;
+    assert_eq!(
+        skipped,
+        [
+            "attempts.request",
+            "attempts.response_body",
+            "intake_log.body",
+            "leads.attribution",
+            "leads.errors",
+            "leads.fields",
+            "leads.raw"
+        ]
+    );
+    crate::helpers::close_stores().await;
+}
+
 /// The router's floor (`yielding::FLOOR`) and full width.
 const FLOOR: usize = 32;
 /// Twice the buyer's 400 slots (`yielding_app`).
