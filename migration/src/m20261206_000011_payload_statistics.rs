@@ -4,8 +4,8 @@
 //! query filters, sorts or joins on them, so their statistics only cost:
 //! `ANALYZE` (autovacuum's, and the one the store runs when a backlog
 //! builds up) sorted and compared thousands of sampled JSON documents and
-//! bodies, more than half its time (measured on 48,000 leads and 192,000
-//! attempts: 0.45x the time with them left out), and kept their most
+//! bodies, most of its time (measured on 48,000 leads and 192,000
+//! attempts: 0.35x the time with them left out), and kept their most
 //! common values, personal data among them, in `pg_statistic`. SQLite
 //! keeps no such statistics: nothing to do there.
 
