@@ -3,7 +3,7 @@
 
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
@@ -193,12 +193,18 @@ async fn answer(
     }
 }
 
-/// A URL where nothing listens: connecting is refused.
+/// A URL where nothing listens: connecting is refused. Its port is held,
+/// while the tests run, by a socket bound but never listening: a port
+/// merely freed can be given to the next server any test binds to port 0,
+/// which would then answer the refused buyer's calls.
 pub fn refusing_url() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let address = listener.local_addr().unwrap();
-    drop(listener);
-    format!("http://{address}")
+    static HELD: LazyLock<(tokio::net::TcpSocket, String)> = LazyLock::new(|| {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let url = format!("http://{}", socket.local_addr().unwrap());
+        (socket, url)
+    });
+    HELD.1.clone()
 }
 
 /// A buyer that reads the request, starts a 200 answer and closes the
