@@ -75,7 +75,7 @@ fn main() {
     println!(
         "             every lead unsold after {:.1} s; RSS idle {idle_mib:.0} MiB, peak so far {:.0} MiB",
         started.elapsed().as_secs_f64(),
-        memory.peak_mib()
+        memory.peak_mib(0)
     );
 
     let stored_read_ms = System::new().block_on(figures_read_ms(&status));
@@ -108,10 +108,12 @@ fn main() {
         count(&final_status, "unsold")
     );
     println!(
-        "memory:      peak RSS {:.0} MiB over the whole run ({} samples), {:.0} MiB at the end",
-        memory.peak_mib(),
+        "memory:      peak RSS {:.0} MiB over the whole run ({} samples), {:.0} MiB at the end; its parts' peaks: the service's own memory {:.0} MiB, mapped files {:.0} MiB",
+        memory.peak_mib(0),
         memory.samples(),
-        service.rss_mib()
+        service.rss_mib(),
+        memory.peak_mib(1),
+        memory.peak_mib(2)
     );
     drop(buyers);
 }
@@ -224,9 +226,13 @@ async fn wait_for(url: &str, what: &str, done: impl Fn(&Value) -> bool) {
     }
 }
 
-/// Samples a process's resident memory every 100 ms on a thread of its own.
+/// What a sampler reads: the whole resident set, then its two parts.
+const RESIDENT: [&str; 3] = ["VmRSS", "RssAnon", "RssFile"];
+
+/// Samples a process's resident memory (each of [`RESIDENT`]) every 100
+/// ms on a thread of its own, keeping each one's peak.
 struct RssSampler {
-    peak_kib: Arc<std::sync::atomic::AtomicU64>,
+    peak_kib: Arc<[std::sync::atomic::AtomicU64; 3]>,
     samples: Arc<std::sync::atomic::AtomicU64>,
     running: Arc<AtomicBool>,
 }
@@ -245,8 +251,10 @@ impl RssSampler {
         );
         std::thread::spawn(move || {
             while running.load(Ordering::Relaxed) {
-                let kib = (support::rss_mib_of(pid) * 1024.0) as u64;
-                peak.fetch_max(kib, Ordering::Relaxed);
+                for (field, peak) in RESIDENT.iter().zip(peak.iter()) {
+                    let kib = (support::resident_mib_of(pid, field) * 1024.0) as u64;
+                    peak.fetch_max(kib, Ordering::Relaxed);
+                }
                 samples.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -254,8 +262,9 @@ impl RssSampler {
         sampler
     }
 
-    fn peak_mib(&self) -> f64 {
-        self.peak_kib.load(Ordering::Relaxed) as f64 / 1024.0
+    /// The peak of `RESIDENT[part]` (MiB).
+    fn peak_mib(&self, part: usize) -> f64 {
+        self.peak_kib[part].load(Ordering::Relaxed) as f64 / 1024.0
     }
 
     fn samples(&self) -> u64 {

@@ -267,7 +267,7 @@ impl Process {
 
     /// Resident memory now (MiB).
     pub fn rss_mib(&self) -> f64 {
-        rss_mib_of(self.pid())
+        resident_mib_of(self.pid(), "VmRSS")
     }
 }
 
@@ -326,12 +326,15 @@ pub fn serve(dir: &std::path::Path, database_url: &str, rest: &str) -> Process {
     Process::start(address, &["serve", "--config", &config], "warn")
 }
 
-/// Resident memory of a process now, from /proc (MiB; 0 once it is gone).
-pub fn rss_mib_of(pid: u32) -> f64 {
+/// Resident memory of a process now, from /proc (MiB; 0 once it is gone):
+/// `VmRSS`, or one of its parts, `RssAnon` (the process's own memory) or
+/// `RssFile` (pages of mapped files: its binary, SQLite's map of its
+/// database).
+pub fn resident_mib_of(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|value| {
             value
                 .trim()
