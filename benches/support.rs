@@ -328,8 +328,8 @@ pub fn serve(dir: &std::path::Path, database_url: &str, rest: &str) -> Process {
 
 /// Resident memory of a process now, from /proc (MiB; 0 once it is gone):
 /// `VmRSS`, or one of its parts, `RssAnon` (the process's own memory) or
-/// `RssFile` (pages of mapped files: its binary, SQLite's map of its
-/// database).
+/// `RssFile` (pages of mapped files: its binary and libraries, and any
+/// file it maps).
 pub fn resident_mib_of(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
