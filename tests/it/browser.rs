@@ -7,7 +7,7 @@ use std::time::Duration;
 use base64::Engine;
 use serde_json::{json, Value};
 
-use crate::helpers::wait_until;
+use crate::helpers::{lines_of, wait_until};
 
 /// A chromedriver child process and one headless Chromium session.
 pub struct Browser {
@@ -19,17 +19,24 @@ pub struct Browser {
 
 impl Browser {
     pub async fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let driver = Command::new("chromedriver")
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
+        let mut driver = Command::new("chromedriver")
+            .arg("--port=0")
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("chromedriver must be installed (Debian: chromium chromium-driver; .ci/run installs them)");
+        let printed = lines_of(driver.stdout.take().unwrap());
+        let port = loop {
+            let line = printed
+                .recv_timeout(Duration::from_secs(20))
+                .expect("chromedriver says which port it started on");
+            if let Some(port) = line
+                .strip_prefix("ChromeDriver was started successfully on port ")
+                .and_then(|rest| rest.trim_end_matches('.').parse::<u16>().ok())
+            {
+                break port;
+            }
+        };
         let base = format!("http://127.0.0.1:{port}");
         let client = awc::Client::builder()
             .timeout(Duration::from_secs(60))

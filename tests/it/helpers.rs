@@ -1,5 +1,6 @@
 //! Test helpers: `spawn_app` (port 0, a database of its own on SQLite or
-//! PostgreSQL, dropped afterwards), an HTTP client, and `wait_until`.
+//! PostgreSQL, dropped afterwards), an HTTP client, `wait_until`, and
+//! `lines_of` a child process's output.
 
 use std::time::Duration;
 
@@ -446,4 +447,23 @@ pub async fn stored_leads(store: &Store, count: usize) -> Vec<leadrouter::domain
         .into_iter()
         .map(|lead| leadrouter::domain::LeadId::from(lead.id))
         .collect()
+}
+
+/// The lines a child process prints, read on a thread of their own (as
+/// long as it prints: its pipe never fills), so that a test can wait for
+/// one with a deadline. Children bound to port 0 print the port they got:
+/// a port picked here and freed before the child binds it could be handed
+/// to another test's server first.
+pub fn lines_of(output: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (sender, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(output)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = sender.send(line);
+        }
+    });
+    lines
 }

@@ -3,14 +3,13 @@
 //! confirms, and the run fails naming the notify step when the inbox
 //! answers 500.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::helpers::wait_until;
+use crate::helpers::{lines_of, wait_until};
 
-/// `leadrouter demo` in a directory of its own, on a port of its own.
+/// `leadrouter demo` in a directory of its own, on the port it was given
+/// (port 0), read from its banner.
 struct Demo {
     child: Child,
     base: String,
@@ -21,15 +20,10 @@ struct Demo {
 impl Demo {
     fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
         let mut child = Command::new(env!("CARGO_BIN_EXE_leadrouter"))
             .arg("demo")
             .current_dir(dir.path())
-            .env("LEADROUTER_LISTEN", format!("127.0.0.1:{port}"))
+            .env("LEADROUTER_LISTEN", "127.0.0.1:0")
             .env("RUST_LOG", "warn")
             .env_remove("DATABASE_URL")
             .env_remove("LEADROUTER_ADMIN_TOKEN")
@@ -37,13 +31,8 @@ impl Demo {
             .stderr(Stdio::null())
             .spawn()
             .expect("leadrouter demo starts");
-        let (lines, banner) = mpsc::channel();
-        let stdout = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = lines.send(line);
-            }
-        });
+        let banner = lines_of(child.stdout.take().unwrap());
+        let mut base = None;
         let mut inbox = None;
         let mut printed = Vec::new();
         // The banner is the last thing the demo prints; its last line is
@@ -52,6 +41,9 @@ impl Demo {
             let line = banner
                 .recv_timeout(Duration::from_secs(60))
                 .unwrap_or_else(|_| panic!("no demo banner; printed: {printed:?}"));
+            if let Some(form) = line.trim().strip_prefix("demo form:") {
+                base = form.trim().strip_suffix("/demo").map(str::to_string);
+            }
             if let Some(url) = line.trim().strip_prefix("manager inbox: ") {
                 inbox = url
                     .split_whitespace()
@@ -66,7 +58,7 @@ impl Demo {
         }
         Self {
             child,
-            base: format!("http://127.0.0.1:{port}"),
+            base: base.expect("the banner names the demo form"),
             inbox: inbox.expect("the banner names the manager inbox"),
             _dir: dir,
         }
