@@ -565,6 +565,75 @@ async fn a_database_outage_spools_leads_and_drains_them_exactly_once() {
     crate::helpers::close_stores().await;
 }
 
+/// `kill -9` at the worst point for the spool: leads answered `pending`
+/// from it while the database is cut, the process killed before it could
+/// drain them. The next process drains them from the journals it finds and
+/// sells each once, under the id its sender was given.
+#[actix_web::test]
+async fn leads_spooled_before_a_kill_9_are_drained_by_the_next_process() {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let proxy = TcpProxy::start(server_of(&database.url));
+    let buyer = TestBuyer::start(accept(), accept());
+    let buyer_toml = BuyerConfig {
+        extra: "max_concurrency = 32",
+        ..BuyerConfig::new("acme", 1)
+    }
+    .toml(&buyer.base);
+    let mut config =
+        ServiceConfig::write(&through(&database.url, proxy.address), "2s", &buyer_toml);
+    config.test_database_url = database.url.clone();
+    let mut service = Service::start(&config).await;
+
+    proxy.cut();
+    let answers = join_all((0..12).map(|n| {
+        service
+            .app
+            .post_feed_lead_owned(feed_lead(&format!("killed-{n}")))
+    }))
+    .await;
+    let mut spooled = HashSet::new();
+    for answer in &answers {
+        assert_eq!(answer.status, 202, "{}", answer.text());
+        assert_eq!(answer.json()["server_recorded"], true);
+        spooled.insert(answer.json()["submission_id"].as_str().unwrap().to_string());
+    }
+    service.kill_9();
+    assert!(
+        journals_in(&config.spool_dir()) > 0,
+        "the spool outlived the process"
+    );
+
+    proxy.restore();
+    let service = Service::start(&config).await;
+    let app = &service.app;
+    wait_until("the spool to drain", Duration::from_secs(30), || async {
+        app.send(app.client.get(app.url("/v1/status")), "")
+            .await
+            .json()["spool"]["pending"]
+            == 0
+    })
+    .await;
+    wait_all_final(app, 12).await;
+    let stored: HashSet<String> = leads_in(app)
+        .await
+        .into_iter()
+        .map(|lead| lead.id)
+        .collect();
+    assert_eq!(
+        stored, spooled,
+        "each spooled lead stored once, under its id"
+    );
+    let posts = buyer.calls_per_lead("post");
+    assert_eq!(posts.len(), 12);
+    assert!(posts.values().all(|&count| count == 1), "{posts:?}");
+    assert_eq!(
+        journals_in(&config.spool_dir()),
+        0,
+        "drained journals are deleted"
+    );
+    crate::helpers::close_stores().await;
+}
+
 #[actix_web::test]
 async fn two_instances_on_one_postgres_route_each_lead_once() {
     let database = TestDatabase::create(Backend::Postgres).await;
