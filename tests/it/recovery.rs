@@ -471,12 +471,21 @@ async fn sigterm_refuses_leads_releases_leases_and_exits_zero(backend: Backend) 
     assert_eq!(good.calls("post").len(), 3);
 }
 
-#[actix_web::test]
-async fn a_database_outage_spools_leads_and_drains_them_exactly_once() {
+/// A service's configuration on PostgreSQL reached through a proxy the test
+/// can cut, with one accepting buyer (`acme`) that has room for a whole
+/// drained spool at once (no lead is skipped as busy).
+struct SpoolingSetUp {
+    /// Held for the test's length: the scratch database lives as long.
+    _database: TestDatabase,
+    proxy: TcpProxy,
+    buyer: TestBuyer,
+    config: ServiceConfig,
+}
+
+async fn spooling_set_up() -> SpoolingSetUp {
     let database = TestDatabase::create(Backend::Postgres).await;
     let proxy = TcpProxy::start(server_of(&database.url));
     let buyer = TestBuyer::start(accept(), accept());
-    // Room for the whole drained backlog at once: no lead is skipped as busy.
     let buyer_toml = BuyerConfig {
         extra: "max_concurrency = 32",
         ..BuyerConfig::new("acme", 1)
@@ -485,13 +494,52 @@ async fn a_database_outage_spools_leads_and_drains_them_exactly_once() {
     let mut config =
         ServiceConfig::write(&through(&database.url, proxy.address), "2s", &buyer_toml);
     config.test_database_url = database.url.clone();
-    let service = Service::start(&config).await;
+    SpoolingSetUp {
+        _database: database,
+        proxy,
+        buyer,
+        config,
+    }
+}
+
+/// After a drain: `leads` leads were posted to `buyer`, each once, and no
+/// journal is left in the spool.
+fn each_lead_posted_once_and_the_spool_emptied(
+    buyer: &TestBuyer,
+    config: &ServiceConfig,
+    leads: usize,
+) {
+    let posts = buyer.calls_per_lead("post");
+    assert_eq!(posts.len(), leads);
+    assert!(posts.values().all(|&count| count == 1), "{posts:?}");
+    assert_eq!(
+        journals_in(&config.spool_dir()),
+        0,
+        "drained journals are deleted"
+    );
+}
+
+/// Waits until `/v1/status` counts no lead left in the spool.
+async fn wait_for_the_spool_to_drain(app: &TestApp) {
+    wait_until("the spool to drain", Duration::from_secs(30), || async {
+        app.send(app.client.get(app.url("/v1/status")), "")
+            .await
+            .json()["spool"]["pending"]
+            == 0
+    })
+    .await;
+}
+
+#[actix_web::test]
+async fn a_database_outage_spools_leads_and_drains_them_exactly_once() {
+    let spooling = spooling_set_up().await;
+    let service = Service::start(&spooling.config).await;
     let app = &service.app;
     let before = app.post_feed_lead(&feed_lead("before-outage")).await;
     app.wait_for_state(before.json()["submission_id"].as_str().unwrap(), "sold")
         .await;
 
-    proxy.cut();
+    spooling.proxy.cut();
     let answers =
         join_all((0..20).map(|n| app.post_feed_lead_owned(feed_lead(&format!("outage-{n}")))))
             .await;
@@ -521,16 +569,13 @@ async fn a_database_outage_spools_leads_and_drains_them_exactly_once() {
         .json();
     assert_eq!(overview["spool"]["pending"], 20, "{overview}");
     assert_eq!(overview["database"], "unreachable");
-    assert!(journals_in(&config.spool_dir()) > 0, "the spool is on disk");
+    assert!(
+        journals_in(&spooling.config.spool_dir()) > 0,
+        "the spool is on disk"
+    );
 
-    proxy.restore();
-    wait_until("the spool to drain", Duration::from_secs(30), || async {
-        app.send(app.client.get(app.url("/v1/status")), "")
-            .await
-            .json()["spool"]["pending"]
-            == 0
-    })
-    .await;
+    spooling.proxy.restore();
+    wait_for_the_spool_to_drain(app).await;
     wait_all_final(app, 21).await;
     let leads = leads_in(app).await;
     let keys: HashSet<Option<String>> = leads
@@ -550,14 +595,7 @@ async fn a_database_outage_spools_leads_and_drains_them_exactly_once() {
             .collect();
         assert_eq!(row.state, "sold", "{attempts:?}");
     }
-    let posts = buyer.calls_per_lead("post");
-    assert_eq!(posts.len(), 21);
-    assert!(posts.values().all(|&count| count == 1), "{posts:?}");
-    assert_eq!(
-        journals_in(&config.spool_dir()),
-        0,
-        "drained journals are deleted"
-    );
+    each_lead_posted_once_and_the_spool_emptied(&spooling.buyer, &spooling.config, 21);
     assert!(
         service.log().contains("spool_in_use"),
         "the spool alert was raised"
@@ -571,20 +609,10 @@ async fn a_database_outage_spools_leads_and_drains_them_exactly_once() {
 /// sells each once, under the id its sender was given.
 #[actix_web::test]
 async fn leads_spooled_before_a_kill_9_are_drained_by_the_next_process() {
-    let database = TestDatabase::create(Backend::Postgres).await;
-    let proxy = TcpProxy::start(server_of(&database.url));
-    let buyer = TestBuyer::start(accept(), accept());
-    let buyer_toml = BuyerConfig {
-        extra: "max_concurrency = 32",
-        ..BuyerConfig::new("acme", 1)
-    }
-    .toml(&buyer.base);
-    let mut config =
-        ServiceConfig::write(&through(&database.url, proxy.address), "2s", &buyer_toml);
-    config.test_database_url = database.url.clone();
-    let mut service = Service::start(&config).await;
+    let spooling = spooling_set_up().await;
+    let mut service = Service::start(&spooling.config).await;
 
-    proxy.cut();
+    spooling.proxy.cut();
     let answers = join_all((0..12).map(|n| {
         service
             .app
@@ -599,20 +627,14 @@ async fn leads_spooled_before_a_kill_9_are_drained_by_the_next_process() {
     }
     service.kill_9();
     assert!(
-        journals_in(&config.spool_dir()) > 0,
+        journals_in(&spooling.config.spool_dir()) > 0,
         "the spool outlived the process"
     );
 
-    proxy.restore();
-    let service = Service::start(&config).await;
+    spooling.proxy.restore();
+    let service = Service::start(&spooling.config).await;
     let app = &service.app;
-    wait_until("the spool to drain", Duration::from_secs(30), || async {
-        app.send(app.client.get(app.url("/v1/status")), "")
-            .await
-            .json()["spool"]["pending"]
-            == 0
-    })
-    .await;
+    wait_for_the_spool_to_drain(app).await;
     wait_all_final(app, 12).await;
     let stored: HashSet<String> = leads_in(app)
         .await
@@ -623,14 +645,7 @@ async fn leads_spooled_before_a_kill_9_are_drained_by_the_next_process() {
         stored, spooled,
         "each spooled lead stored once, under its id"
     );
-    let posts = buyer.calls_per_lead("post");
-    assert_eq!(posts.len(), 12);
-    assert!(posts.values().all(|&count| count == 1), "{posts:?}");
-    assert_eq!(
-        journals_in(&config.spool_dir()),
-        0,
-        "drained journals are deleted"
-    );
+    each_lead_posted_once_and_the_spool_emptied(&spooling.buyer, &spooling.config, 12);
     crate::helpers::close_stores().await;
 }
 
@@ -1112,13 +1127,7 @@ async fn a_replay_spooled_during_a_cut_of_a_stored_key_keeps_its_id_working() {
     assert_ne!(given_id, stored_id);
 
     proxy.restore();
-    wait_until("the spool to drain", Duration::from_secs(30), || async {
-        app.send(app.client.get(app.url("/v1/status")), "")
-            .await
-            .json()["spool"]["pending"]
-            == 0
-    })
-    .await;
+    wait_for_the_spool_to_drain(app).await;
     // The id the sender was given still answers, as the stored lead.
     let status = app
         .send(
