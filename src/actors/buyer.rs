@@ -6,8 +6,8 @@
 //!
 //! Started by the `Router` (under `actix::Supervisor`), which receives its
 //! `ReofferLeads` requests. Handles `OfferLead` (one ping or post),
-//! `ForceCircuit`, `Reconfigure`, and `SlotTaken` (a ping's slot, taken
-//! once its row is written, shown in the status). Calls run concurrently
+//! `ForceCircuit`, `Reconfigure`, and `SlotTaken` (a call's slot, shown
+//! in the status). Calls run concurrently
 //! (the mailbox keeps draining while requests are out). Nothing durable
 //! lives here: after a restart, slots, probes and counters start again,
 //! and the attempts already written stay in the database for recovery.
@@ -98,7 +98,7 @@ pub struct Reconfigure {
     pub settings: Arc<BuyerSettings>,
 }
 
-/// A ping took its slot once its row was written: the status counts it.
+/// A call took its slot: the status counts it.
 #[derive(Message)]
 #[rtype(result = "()")]
 struct SlotTaken;
@@ -473,8 +473,8 @@ impl Handler<OfferLead> for Buyer {
     type Result = ResponseActFuture<Self, Offered>;
 
     /// Skips when the circuit is open; otherwise makes the recorded call
-    /// (which takes a slot once its row is written, or becomes a `busy`
-    /// skip).
+    /// (which takes a slot, a ping's once its row is written, a post's
+    /// before it, or becomes a `busy` skip).
     fn handle(&mut self, offer: OfferLead, ctx: &mut Context<Self>) -> Self::Result {
         if let Some(state) = self.breaker.tick(Instant::now()) {
             self.circuit_changed(state, ctx);

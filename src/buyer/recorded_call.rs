@@ -1,8 +1,8 @@
 //! One call as history: its attempt row first (under the lead's claim, a
 //! post with its cap slots), then the exchange (holding one of the buyer's
 //! concurrency slots, given back once the buyer answered; see `CallSlot`
-//! for when it is taken), then the answer written
-//! onto the row, and for an accepted post its sale in the same commit (the
+//! for when it is taken: a post's before its row, a ping's after), then
+//! the answer written onto the row, and for an accepted post its sale in the same commit (the
 //! one door for a sale, used by waterfalls and retries alike). An answer
 //! that cannot be written is reported as such: the walk must stop, since
 //! the call's fate is then only in the buyer's hands. A waterfall's ping
@@ -73,15 +73,15 @@ pub struct CallPlan {
     pub hold_answer: bool,
 }
 
-/// The buyer's slot a call takes once its row is written, so that the
-/// slot is held for the exchange alone: a row's group commit took 4 of the
-/// 26 ms a slot was held at 20 ms buyers, and the busiest buyer's slots
-/// bounded the routed rate. None free within `patience`, and the row
-/// becomes a `busy` skip (a post's cap slots given back with it). A ping
-/// interrupted while it waits is harmless (recovery settles it as an
-/// `error`, and the walk goes on); a post's lead becomes `unknown`, as
-/// for any post row in flight at a crash, which is why posts waiting are
-/// served first (`Slots`): their wait is as short as the buyer allows.
+/// The buyer's slot a call holds for its exchange. A ping takes it once
+/// its row is written, so that the slot is held for the exchange alone (a
+/// row's group commit took 4 of the 26 ms a slot was held at 20 ms
+/// buyers): a ping interrupted while it waits is harmless (recovery
+/// settles it as an `error`, and the walk goes on). A post takes it before
+/// its row: recovery reads a post row left `in_flight` as sent (its lead
+/// `unknown`), so the row must not exist while the post merely waits
+/// (SPEC section 9). None free within `patience`, and the offer is a
+/// `busy` skip.
 pub struct CallSlot {
     pub slots: Slots,
     pub limit: u32,
@@ -108,37 +108,39 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
         hold_answer,
     } = plan;
     let lead_id = attempt.lead_id.clone();
-    if kind == CallKind::Post {
-        attempt.caps = CapSlot::for_post(&settings, chrono::Utc::now());
-    }
-    let (attempt_id, cap_slots) = match store.begin_attempt(attempt).await {
-        Ok(Begun::Call(id, cap_slots)) => (id, cap_slots),
-        Ok(Begun::Fenced) => return Offered::Fenced,
-        Ok(Begun::Capped) => {
-            metrics.attempt(
-                &settings.id,
-                AttemptKind::Skip.as_str(),
-                SkipReason::Capped.as_str(),
-            );
-            return Offered::Skipped(SkipReason::Capped);
-        }
-        Err(error) => {
-            tracing::error!(%error, %lead_id, buyer_id = %settings.id, "attempt not recorded; not calling");
-            return Offered::NotRecorded;
-        }
-    };
-    if inject_panic {
-        panic!("injected fault: buyer {} panics during a call", settings.id);
-    }
     let CallSlot {
         slots,
         limit,
         patience,
         taken,
     } = slot;
-    let Some(slot) = slots.take(kind, limit, patience).await else {
-        return skipped_as_busy(&store, &metrics, &settings.id, &attempt_id, cap_slots).await;
+    // A post's row says "sent, fate unknown" to recovery: it is written
+    // only once the post holds its slot, when the request is about to
+    // leave (SPEC section 9). A ping's row may wait: an interrupted ping
+    // is settled as an `error` and harms nothing.
+    let (slot, attempt_id, cap_slots) = if kind == CallKind::Post {
+        attempt.caps = CapSlot::for_post(&settings, chrono::Utc::now());
+        let Some(slot) = slots.take(kind, limit, patience).await else {
+            return post_skipped_as_busy(&store, &metrics, &settings.id, attempt).await;
+        };
+        let (attempt_id, cap_slots) = match begin(&store, &metrics, &settings.id, attempt).await {
+            Ok(begun) => begun,
+            Err(offered) => return offered,
+        };
+        (slot, attempt_id, cap_slots)
+    } else {
+        let (attempt_id, cap_slots) = match begin(&store, &metrics, &settings.id, attempt).await {
+            Ok(begun) => begun,
+            Err(offered) => return offered,
+        };
+        let Some(slot) = slots.take(kind, limit, patience).await else {
+            return ping_skipped_as_busy(&store, &metrics, &settings.id, &attempt_id).await;
+        };
+        (slot, attempt_id, cap_slots)
     };
+    if inject_panic {
+        panic!("injected fault: buyer {} panics during a call", settings.id);
+    }
     taken();
     let span = tracing::info_span!("attempt", %lead_id, buyer_id = %settings.id, kind = kind.as_str(), %attempt_id);
     let answer = exchange(&client, kind, &request, timeout, &check).await;
@@ -204,20 +206,62 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
     }
 }
 
-/// A call whose row is written found no free slot in time: the row
-/// becomes the `busy` skip it is, and a post gives back the cap slots its
-/// row took. Should that fail, nothing more is sent for the lead (the row
-/// stays `in_flight`, and recovery settles it).
-async fn skipped_as_busy(
+/// The call's attempt row (with a post's cap slots), or what the offer
+/// became instead: fenced, capped, or not recorded (nothing is sent).
+async fn begin(
+    store: &Store,
+    metrics: &Metrics,
+    buyer_id: &str,
+    attempt: NewAttempt,
+) -> Result<(String, Vec<CapSlot>), Offered> {
+    let lead_id = attempt.lead_id.clone();
+    match store.begin_attempt(attempt).await {
+        Ok(Begun::Call(id, cap_slots)) => Ok((id, cap_slots)),
+        Ok(Begun::Fenced) => Err(Offered::Fenced),
+        Ok(Begun::Capped) => {
+            let reason = SkipReason::Capped;
+            metrics.attempt(buyer_id, AttemptKind::Skip.as_str(), reason.as_str());
+            Err(Offered::Skipped(reason))
+        }
+        Err(error) => {
+            tracing::error!(%error, %lead_id, %buyer_id, "attempt not recorded; not calling");
+            Err(Offered::NotRecorded)
+        }
+    }
+}
+
+/// A post that found no free slot in time: its row was never written, so
+/// the offer is recorded as the `busy` skip it is.
+async fn post_skipped_as_busy(
+    store: &Store,
+    metrics: &Metrics,
+    buyer_id: &str,
+    attempt: NewAttempt,
+) -> Offered {
+    let reason = SkipReason::Busy;
+    metrics.attempt(buyer_id, AttemptKind::Skip.as_str(), reason.as_str());
+    match store.record_skip(attempt, reason).await {
+        Ok(Written::Fenced) => Offered::Fenced,
+        Ok(_) => Offered::Skipped(reason),
+        Err(error) => {
+            tracing::error!(%error, %buyer_id, "could not record a busy skip");
+            Offered::Skipped(reason)
+        }
+    }
+}
+
+/// A ping whose row is written found no free slot in time: the row
+/// becomes the `busy` skip it is. Should that fail, nothing more is sent
+/// for the lead (the row stays `in_flight`, and recovery settles it).
+async fn ping_skipped_as_busy(
     store: &Store,
     metrics: &Metrics,
     buyer_id: &str,
     attempt_id: &str,
-    cap_slots: Vec<CapSlot>,
 ) -> Offered {
     let reason = SkipReason::Busy;
     metrics.attempt(buyer_id, AttemptKind::Skip.as_str(), reason.as_str());
-    match store.call_skipped_as_busy(attempt_id, cap_slots).await {
+    match store.call_skipped_as_busy(attempt_id, Vec::new()).await {
         Ok(_) => Offered::Skipped(reason),
         Err(error) => {
             tracing::error!(%error, %attempt_id, "could not turn the call's row into a busy skip");

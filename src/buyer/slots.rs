@@ -2,11 +2,11 @@
 //! beyond it wait at most `queue_timeout` for a free slot, else the buyer
 //! is skipped as `busy`. Posts waiting are handed a freed slot before
 //! pings (oldest first within each): a waiting post follows a ping the
-//! buyer accepted, and its row is already written. A slot is a `Slot`
+//! buyer accepted, and the buyer is waiting for it. A slot is a `Slot`
 //! guard: it is given back when dropped, which a call does as soon as the
 //! buyer has answered (writing the answer down is our work, not the
-//! buyer's). A call takes its slot only once its row is written, for the
-//! same reason (`recorded_call::CallSlot`).
+//! buyer's). A ping takes its slot only once its row is written, for the
+//! same reason; a post before its row (`recorded_call::CallSlot`).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;

@@ -20,7 +20,7 @@ on_both_databases!(
     kill_9_after_a_burst_loses_no_acknowledged_lead,
     kill_9_during_a_post_leaves_the_lead_unknown_and_never_resends,
     kill_9_while_a_ping_waits_for_a_slot_sends_it_never,
-    kill_9_while_a_post_waits_for_a_slot_leaves_its_lead_unknown,
+    kill_9_while_posts_wait_for_slots_leaves_unknown_only_the_posts_sent,
     a_panicking_buyer_actor_is_restarted_and_its_lead_finished,
     sigterm_refuses_leads_releases_leases_and_exits_zero,
     leads_unsold_in_an_outage_are_sold_after_kill_9_once_the_buyer_is_back,
@@ -182,32 +182,28 @@ async fn kill_9_during_a_post_leaves_the_lead_unknown_and_never_resends(backend:
     );
 }
 
-/// A service killed with `kill -9` while a call waits for its buyer's
-/// slot: `narrow` (one slot, answering its calls of the kind after 60 s)
-/// and `wide`, the service's configuration, the two leads' ids.
+/// A service killed with `kill -9` while a ping waits for its buyer's
+/// slot: `narrow` (one slot, answering its pings after 60 s) and `wide`,
+/// the service's configuration, the two leads' ids.
 struct KilledWhileWaiting {
     _database: TestDatabase,
     config: ServiceConfig,
     narrow: TestBuyer,
-    wide: TestBuyer,
+    _wide: TestBuyer,
     ids: Vec<String>,
 }
 
-/// Two leads to `narrow`, which takes calls of `kind` (`ping`, or `post`
-/// when it takes direct posts), killed once one such call went out and the
-/// other's row is written and waits for the slot.
-async fn killed_while_a_call_waits_for_a_slot(backend: Backend, kind: &str) -> KilledWhileWaiting {
+/// Two leads to `narrow`, killed once one ping went out and the other's
+/// row is written and waits for the slot.
+async fn killed_while_a_ping_waits_for_a_slot(backend: Backend) -> KilledWhileWaiting {
     let database = TestDatabase::create(backend).await;
     let slow = Answer::Accept {
         delay: Duration::from_secs(60),
     };
-    let narrow = match kind {
-        "ping" => TestBuyer::start(slow, accept()),
-        _ => TestBuyer::start(accept(), slow),
-    };
+    let narrow = TestBuyer::start(slow, accept());
     let wide = TestBuyer::start(accept(), accept());
     let buyers = BuyerConfig {
-        ping_timeout: (kind == "ping").then_some("90s"),
+        ping_timeout: Some("90s"),
         post_timeout: "90s",
         extra: "max_concurrency = 1\nqueue_timeout = \"60s\"",
         ..BuyerConfig::new("narrow", 1)
@@ -218,8 +214,7 @@ async fn killed_while_a_call_waits_for_a_slot(backend: Backend, kind: &str) -> K
     let mut service = Service::start(&config).await;
     let mut ids = Vec::new();
     for key in ["first", "second"] {
-        let lead = feed_lead(&format!("{key}-{kind}"));
-        let answer = service.app.post_feed_lead(&lead).await;
+        let answer = service.app.post_feed_lead(&feed_lead(key)).await;
         ids.push(answer.json()["submission_id"].as_str().unwrap().to_string());
     }
     let narrow_calls_in_flight = || async {
@@ -232,9 +227,9 @@ async fn killed_while_a_call_waits_for_a_slot(backend: Backend, kind: &str) -> K
             .len()
     };
     wait_until(
-        "one call sent, the other's row written and waiting for the slot",
+        "one ping sent, the other's row written and waiting for the slot",
         Duration::from_secs(20),
-        || async { narrow.calls(kind).len() == 1 && narrow_calls_in_flight().await == 2 },
+        || async { narrow.calls("ping").len() == 1 && narrow_calls_in_flight().await == 2 },
     )
     .await;
     service.kill_9();
@@ -242,7 +237,7 @@ async fn killed_while_a_call_waits_for_a_slot(backend: Backend, kind: &str) -> K
         _database: database,
         config,
         narrow,
-        wide,
+        _wide: wide,
         ids,
     }
 }
@@ -251,7 +246,7 @@ async fn killed_while_a_call_waits_for_a_slot(backend: Backend, kind: &str) -> K
 /// waits for a slot, its row is settled as an interrupted `error` and it
 /// was never sent; the walk goes on after the restart.
 async fn kill_9_while_a_ping_waits_for_a_slot_sends_it_never(backend: Backend) {
-    let killed = killed_while_a_call_waits_for_a_slot(backend, "ping").await;
+    let killed = killed_while_a_ping_waits_for_a_slot(backend).await;
     let (config, narrow, ids) = (&killed.config, &killed.narrow, &killed.ids);
     let sent_before_the_kill = narrow.calls_per_lead("ping");
     let waiting: Vec<&String> = ids
@@ -293,26 +288,71 @@ async fn kill_9_while_a_ping_waits_for_a_slot_sends_it_never(backend: Backend) {
     }
 }
 
-/// A post takes its slot after its row (with its cap slots) is written:
-/// killed while one waits for a slot, its lead is `unknown` like that of
-/// any post in flight at a crash (SPEC section 9). It was never sent, and
-/// after the restart nothing is re-sent and no other buyer is offered it.
-async fn kill_9_while_a_post_waits_for_a_slot_leaves_its_lead_unknown(backend: Backend) {
-    let killed = killed_while_a_call_waits_for_a_slot(backend, "post").await;
-    let (config, narrow, wide, ids) = (&killed.config, &killed.narrow, &killed.wide, &killed.ids);
-
-    let service = Service::start(config).await;
-    for id in ids {
-        service.app.wait_for_state(id, "unknown").await;
+/// A post takes its slot before its row is written (SPEC section 9: a
+/// post is in flight from the moment its request may have left, not while
+/// it waits for a slot). Fifty leads to one buyer with two slots and a
+/// slow post, killed with `kill -9` while two posts are out and the other
+/// leads wait for a slot: after the restart only the leads whose posts
+/// reached the buyer (its own request log is the witness) are `unknown`,
+/// never re-sent; every other lead is sold.
+async fn kill_9_while_posts_wait_for_slots_leaves_unknown_only_the_posts_sent(backend: Backend) {
+    const LEADS: usize = 50;
+    let database = TestDatabase::create(backend).await;
+    let slow = Answer::Accept {
+        delay: Duration::from_secs(60),
+    };
+    let narrow = TestBuyer::start(accept(), slow);
+    let buyers = BuyerConfig {
+        post_timeout: "90s",
+        extra: "max_concurrency = 2\nqueue_timeout = \"60s\"",
+        ..BuyerConfig::new("narrow", 1)
     }
+    .toml(&narrow.base);
+    let config = ServiceConfig::write(&database.url, "2s", &buyers);
+    let mut service = Service::start(&config).await;
+    let leads = (0..LEADS).map(|n| feed_lead(&format!("waiting-{n}")));
+    join_all(leads.map(|lead| service.app.post_feed_lead_owned(lead))).await;
+    let leads_routing = || async {
+        leads_in(&service.app)
+            .await
+            .iter()
+            .filter(|lead| lead.state == "routing")
+            .count()
+    };
+    wait_until(
+        "two posts out, every other lead claimed and waiting for a slot",
+        Duration::from_secs(30),
+        || async { narrow.calls("post").len() == 2 && leads_routing().await == LEADS },
+    )
+    .await;
+    service.kill_9();
+    let sent_before_the_kill: HashSet<String> = narrow.calls_per_lead("post").into_keys().collect();
+    assert_eq!(sent_before_the_kill.len(), 2, "two slots, two posts out");
+
+    narrow.set_post(accept());
+    let service = Service::start(&config).await;
+    wait_all_final(&service.app, LEADS).await;
+    let leads = leads_in(&service.app).await;
+    let unknown: HashSet<String> = leads
+        .iter()
+        .filter(|lead| lead.state == "unknown")
+        .map(|lead| lead.id.clone())
+        .collect();
     assert_eq!(
-        narrow.calls("post").len(),
-        1,
-        "the waiting post was never sent, and nothing was re-sent"
+        unknown, sent_before_the_kill,
+        "only the leads whose posts were sent are unknown"
     );
     assert!(
-        wide.calls("post").is_empty(),
-        "an unknown lead is offered to no other buyer"
+        leads
+            .iter()
+            .all(|lead| unknown.contains(&lead.id) || lead.state == "sold"),
+        "every lead whose post only waited for a slot is sold after the restart"
+    );
+    let posts = narrow.calls_per_lead("post");
+    assert_eq!(posts.len(), LEADS);
+    assert!(
+        posts.values().all(|&count| count == 1),
+        "no lead was posted twice: {posts:?}"
     );
 }
 
