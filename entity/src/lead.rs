@@ -9,8 +9,12 @@ pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
     pub id: String,
     pub source_id: String,
-    /// Dedupe key; unique together with `source_id` (NULL never collides).
+    /// Dedupe key, kept whole and compared; its `key_digest` is what the
+    /// unique index holds.
     pub idempotency_key: Option<String>,
+    /// `key_digest(source_id, idempotency_key)`: unique together with
+    /// `source_id` (NULL never collides), a fixed length whatever the key's.
+    pub key_digest: Option<String>,
     pub external_id: Option<String>,
     pub state: String,
     #[sea_orm(column_type = "Blob")]
@@ -52,3 +56,21 @@ pub struct Model {
 pub enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}
+
+/// The fixed-length form of a (source, idempotency key) pair that the
+/// unique index holds: SHA-256, in hex, of the source's length (8 bytes,
+/// big-endian), the source and the key, so no two pairs share an input.
+pub fn key_digest(source_id: &str, key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    hash.update((source_id.len() as u64).to_be_bytes());
+    hash.update(source_id.as_bytes());
+    hash.update(key.as_bytes());
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(64);
+    for byte in hash.finalize() {
+        text.push(char::from(HEX[usize::from(byte >> 4)]));
+        text.push(char::from(HEX[usize::from(byte & 0x0f)]));
+    }
+    text
+}

@@ -15,6 +15,7 @@ mod m20261204_000008_status_figure_indexes;
 mod m20261204_000009_attempts_fillfactor;
 mod m20261205_000010_config_snapshots;
 mod m20261206_000011_payload_statistics;
+mod m20261207_000012_key_digests;
 
 /// Every migration, oldest first.
 pub struct Migrator;
@@ -34,6 +35,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261204_000009_attempts_fillfactor::Migration),
             Box::new(m20261205_000010_config_snapshots::Migration),
             Box::new(m20261206_000011_payload_statistics::Migration),
+            Box::new(m20261207_000012_key_digests::Migration),
         ]
     }
 }

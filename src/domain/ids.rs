@@ -32,6 +32,23 @@ impl fmt::Display for LeadId {
     }
 }
 
+/// The namespace of keyed leads' ids (a UUIDv4 picked once; never change
+/// it: ids already issued are derived under it).
+const KEYED_LEAD_NAMESPACE: uuid::Uuid = uuid::uuid!("6f1d3c2a-8e4b-4b7a-9c1e-2d5f7a8b9c0d");
+
+/// The id of a lead sent with an idempotency key: a name-based UUID
+/// (version 5) of (source, key) in `KEYED_LEAD_NAMESPACE`, the name being
+/// the source's length (8 bytes, big-endian), the source and the key. Every
+/// instance, the spool and a replay during a database cut answer the same
+/// id for the same key at the first try; a keyless lead gets a random one.
+pub fn keyed_lead_id(source_id: &str, key: &str) -> String {
+    let mut name = Vec::with_capacity(8 + source_id.len() + key.len());
+    name.extend_from_slice(&(source_id.len() as u64).to_be_bytes());
+    name.extend_from_slice(source_id.as_bytes());
+    name.extend_from_slice(key.as_bytes());
+    uuid::Uuid::new_v5(&KEYED_LEAD_NAMESPACE, &name).to_string()
+}
+
 /// Fences the writes made for a claimed lead: a fresh random value on
 /// every claim, compared in each conditional write of the walk.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -45,5 +62,21 @@ impl ClaimToken {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keyed_lead_id;
+
+    #[test]
+    fn a_keyed_id_depends_on_the_source_and_the_key_alone() {
+        let id = keyed_lead_id("partner", "key-1");
+        assert_eq!(id, keyed_lead_id("partner", "key-1"));
+        assert_ne!(id, keyed_lead_id("partner", "key-2"));
+        assert_ne!(id, keyed_lead_id("other", "key-1"));
+        // The source's length is part of the name: no pair shares another's.
+        assert_ne!(keyed_lead_id("ab", "c"), keyed_lead_id("a", "bc"));
+        assert_eq!(uuid::Uuid::parse_str(&id).unwrap().get_version_num(), 5);
     }
 }

@@ -19,8 +19,8 @@ use super::{form_page, secrets_equal, ApiError, AppState};
 use crate::actors::{IntakeError, SubmitLead};
 use crate::config::{Settings, SourceKind, SourceSettings};
 use crate::domain::{
-    new_id, normalize_parsed, parse_body, Acceptance, BodyError, BodyFormat, Contract, LeadState,
-    RequestMeta,
+    keyed_lead_id, new_id, normalize_parsed, parse_body, Acceptance, BodyError, BodyFormat,
+    Contract, LeadState, RequestMeta,
 };
 use crate::store::{contract_of_row, NewLead};
 
@@ -325,12 +325,15 @@ fn build_lead(
     } = limits;
     let normalized = normalize_parsed(&parsed, source, &meta, max_field_chars);
     let errors = normalized.errors.clone();
+    let idempotency_key = header_key
+        .or(normalized.submission_id)
+        .or_else(|| normalized.external_id.clone());
     NewLead {
-        id: new_id(),
+        id: idempotency_key
+            .as_deref()
+            .map_or_else(new_id, |key| keyed_lead_id(&source.id, key)),
         source_id: source.id.clone(),
-        idempotency_key: header_key
-            .or(normalized.submission_id)
-            .or_else(|| normalized.external_id.clone()),
+        idempotency_key,
         external_id: normalized.external_id,
         raw,
         raw_content_type: content_type.unwrap_or_default(),

@@ -7,6 +7,7 @@
 //! the caller settles the rest, in the same transaction. SQLite has no
 //! data-modifying `WITH` and no round trips to save.
 
+use std::collections::HashSet;
 use std::ops::AddAssign;
 
 use entity::{intake_log, lead, person_key};
@@ -18,16 +19,17 @@ use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, EntityTrait, QueryTra
 
 use super::person::Key;
 
-/// How many leads and values one statement (or a batch's) stored.
-#[derive(Debug, Default, Clone, Copy)]
+/// The ids of the leads one statement (or a batch's) stored, and how many
+/// values it claimed.
+#[derive(Debug, Default, Clone)]
 pub(super) struct Taken {
-    pub leads: usize,
+    pub leads: HashSet<String>,
     pub keys: usize,
 }
 
 impl AddAssign for Taken {
     fn add_assign(&mut self, other: Self) {
-        self.leads += other.leads;
+        self.leads.extend(other.leads);
         self.keys += other.keys;
     }
 }
@@ -41,15 +43,14 @@ pub(super) async fn log_store_and_claim(
     keys: &[(&Key, &lead::Model)],
 ) -> Result<Taken, DbErr> {
     let logged = intake_log::Entity::insert_many(log_rows).into_query();
-    let mut stored = super::leads::new_leads(rows).into_query();
-    stored.returning_col(lead::Column::Id);
+    let stored = super::leads::new_leads(rows);
     let mut parts = WithClause::new();
     parts
         .cte(part("logged", logged))
         .cte(part("stored", stored));
     let mut counts = Query::select();
     counts.expr_as(
-        Expr::cust("(SELECT COUNT(*) FROM stored)"),
+        Expr::cust("ARRAY(SELECT id FROM stored)"),
         Alias::new("leads"),
     );
     if keys.is_empty() {
@@ -78,11 +79,11 @@ pub(super) async fn log_store_and_claim(
     let row = txn
         .query_one_raw(statement)
         .await?
-        .ok_or_else(|| DbErr::RecordNotFound("the counts of intake's statement".into()))?;
-    let count = |column: &str| row.try_get::<i64>("", column).map(|n| n as usize);
+        .ok_or_else(|| DbErr::RecordNotFound("what intake's statement took".into()))?;
+    let stored: Vec<String> = row.try_get("", "leads")?;
     Ok(Taken {
-        leads: count("leads")?,
-        keys: count("keys")?,
+        leads: stored.into_iter().collect(),
+        keys: row.try_get::<i64>("", "keys")? as usize,
     })
 }
 

@@ -9,8 +9,8 @@ use entity::{attempt, intake_log, lead, lead_alias, sale};
 use sea_orm::sea_query::{Expr, OnConflict, Query, UnionType};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, DbBackend,
-    DbErr, EntityTrait, InsertMany, IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder,
-    QuerySelect, TransactionTrait,
+    DbErr, EntityTrait, IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
+    QueryTrait, TransactionTrait,
 };
 use serde_json::{Map, Value};
 
@@ -72,7 +72,7 @@ pub struct LeadFilter {
     pub oldest_first: bool,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct LeadPage {
     pub leads: Vec<lead::Model>,
     pub next_cursor: Option<String>,
@@ -201,7 +201,9 @@ impl Store {
         Ok(histories)
     }
 
-    /// One page of leads; ids are time-ordered, so the id is the cursor.
+    /// One page of leads by arrival (then id); the cursor is the id of the
+    /// last lead of the page before. (A keyed lead's id is derived from its
+    /// key, so ids alone do not sort by arrival.)
     pub async fn list_leads(&self, filter: &LeadFilter) -> Result<LeadPage, DbErr> {
         let mut query = lead::Entity::find();
         if !filter.states.is_empty() {
@@ -218,16 +220,26 @@ impl Store {
         if let Some(source) = &filter.source {
             query = query.filter(lead::Column::SourceId.eq(source.as_str()));
         }
-        query = match (&filter.cursor, filter.oldest_first) {
-            (Some(cursor), true) => query.filter(lead::Column::Id.gt(cursor.as_str())),
-            (Some(cursor), false) => query.filter(lead::Column::Id.lt(cursor.as_str())),
-            (None, _) => query,
-        };
-        query = if filter.oldest_first {
-            query.order_by_asc(lead::Column::Id)
+        if let Some(cursor) = &filter.cursor {
+            let Some(at) = lead::Entity::find_by_id(cursor.clone())
+                .select_only()
+                .column(lead::Column::ReceivedAt)
+                .into_tuple::<DateTime<Utc>>()
+                .one(&self.db)
+                .await?
+            else {
+                return Ok(LeadPage::default());
+            };
+            query = query.filter(past_the_cursor(at, cursor, filter.oldest_first));
+        }
+        let order = if filter.oldest_first {
+            sea_orm::Order::Asc
         } else {
-            query.order_by_desc(lead::Column::Id)
+            sea_orm::Order::Desc
         };
+        query = query
+            .order_by(lead::Column::ReceivedAt, order.clone())
+            .order_by(lead::Column::Id, order);
         let mut leads = query.limit(filter.limit + 1).all(&self.db).await?;
         let next_cursor = if leads.len() as u64 > filter.limit {
             leads.truncate(filter.limit as usize);
@@ -237,6 +249,21 @@ impl Store {
         };
         Ok(LeadPage { leads, next_cursor })
     }
+}
+
+/// The leads after the cursor's (arrival time `at`, id `cursor`) in the
+/// page order: later ones when `oldest_first`, else earlier ones.
+fn past_the_cursor(at: DateTime<Utc>, cursor: &str, oldest_first: bool) -> Condition {
+    let (time, id) = if oldest_first {
+        (lead::Column::ReceivedAt.gt(at), lead::Column::Id.gt(cursor))
+    } else {
+        (lead::Column::ReceivedAt.lt(at), lead::Column::Id.lt(cursor))
+    };
+    Condition::any().add(time).add(
+        Condition::all()
+            .add(lead::Column::ReceivedAt.eq(at))
+            .add(id),
+    )
 }
 
 /// The intake log rows of a batch, in `txn`.
@@ -293,21 +320,27 @@ async fn insert_leads(
     rule: &DuplicateRule,
 ) -> Result<InsertedLeads, DbErr> {
     let rows: Vec<lead::Model> = leads.iter().map(lead_row).collect();
-    let mut written = 0;
+    let mut stored = HashSet::with_capacity(rows.len());
     for chunk in small_statements(&rows, |row| row.raw.len() * 2) {
-        written += new_leads(chunk).exec_without_returning(txn).await?;
+        let insert = txn.get_database_backend().build(&new_leads(chunk));
+        for row in txn.query_all_raw(insert).await? {
+            stored.insert(row.try_get::<String>("", "id")?);
+        }
     }
-    settle_leads(txn, rows, written as usize, rule).await
+    settle_leads(txn, rows, stored, rule).await
 }
 
-/// The INSERT of lead rows, a (source, key) pair taken already skipped.
-pub(super) fn new_leads(rows: &[lead::Model]) -> InsertMany<lead::ActiveModel> {
-    lead::Entity::insert_many(rows.iter().cloned().map(IntoActiveModel::into_active_model))
-        .on_conflict(
-            OnConflict::columns([lead::Column::SourceId, lead::Column::IdempotencyKey])
-                .do_nothing()
-                .to_owned(),
-        )
+/// The INSERT of lead rows, a (source, key) pair taken already skipped:
+/// its digest is in the unique index, and a keyed lead's id is derived
+/// from the pair, so either constraint may be the one that holds it (no
+/// conflict target). It answers the ids it stored.
+pub(super) fn new_leads(rows: &[lead::Model]) -> sea_orm::sea_query::InsertStatement {
+    let mut insert =
+        lead::Entity::insert_many(rows.iter().cloned().map(IntoActiveModel::into_active_model))
+            .on_conflict(OnConflict::new().do_nothing().to_owned())
+            .into_query();
+    insert.returning_col(lead::Column::Id);
+    insert
 }
 
 /// PostgreSQL: each run of a batch's intake log rows, its leads and the
@@ -321,7 +354,13 @@ async fn log_and_insert_leads(
     rule: &DuplicateRule,
 ) -> Result<InsertedLeads, DbErr> {
     let rows: Vec<lead::Model> = leads.iter().map(lead_row).collect();
-    let fresh: Vec<&lead::Model> = rows.iter().collect();
+    // A key sent twice in the batch derives one id: its first row alone
+    // may be stored, and claim the person's values.
+    let mut ids = HashSet::with_capacity(rows.len());
+    let fresh: Vec<&lead::Model> = rows
+        .iter()
+        .filter(|row| ids.insert(row.id.as_str()))
+        .collect();
     let plan = person::Plan::of(&fresh, rule);
     let wanted = plan.wanted();
     let mut taken = batch_statement::Taken::default();
@@ -340,7 +379,7 @@ async fn log_and_insert_leads(
             batch_statement::log_store_and_claim(txn, run.iter().map(log_row), run_rows, &keys)
                 .await?;
     }
-    if taken.leads != rows.len() || taken.keys != wanted.len() {
+    if taken.leads.len() != rows.len() || taken.keys != wanted.len() {
         return settle_leads(txn, rows, taken.leads, rule).await;
     }
     let originals = person::mark_planned_duplicates(txn, plan).await?;
@@ -350,37 +389,27 @@ async fn log_and_insert_leads(
     })
 }
 
-/// After `written` of the batch's `rows` were inserted in `txn`: keys taken
-/// already answer the lead they belong to, and same-person duplicates are
-/// marked.
+/// After the batch's `rows` whose ids are in `stored` were inserted in
+/// `txn`: keys taken already (before, or by an earlier row of the batch)
+/// answer the lead they belong to, and same-person duplicates are marked.
 async fn settle_leads(
     txn: &DatabaseTransaction,
     rows: Vec<lead::Model>,
-    written: usize,
+    mut stored: HashSet<String>,
     rule: &DuplicateRule,
 ) -> Result<InsertedLeads, DbErr> {
-    let inserted: HashSet<String> = if written == rows.len() {
-        rows.iter().map(|row| row.id.clone()).collect()
-    } else {
-        lead::Entity::find()
-            .select_only()
-            .column(lead::Column::Id)
-            .filter(lead::Column::Id.is_in(rows.iter().map(|row| row.id.as_str())))
-            .into_tuple()
-            .all(txn)
-            .await?
-            .into_iter()
-            .collect()
-    };
     let mut outcomes = Vec::with_capacity(rows.len());
     for row in rows {
-        if inserted.contains(&row.id) {
+        // A key sent twice in one batch derives one id: the first row is it.
+        if stored.remove(&row.id) {
             outcomes.push(PersistOutcome::Inserted(row));
             continue;
         }
-        // A replay: its server id was never stored; answer the lead it is.
+        // A replay: answer the lead its key belongs to (the whole key
+        // compared, not only its digest).
         let existing = lead::Entity::find()
             .filter(lead::Column::SourceId.eq(row.source_id.as_str()))
+            .filter(lead::Column::KeyDigest.eq(row.key_digest.clone()))
             .filter(lead::Column::IdempotencyKey.eq(row.idempotency_key.clone()))
             .one(txn)
             .await?
@@ -440,6 +469,10 @@ fn lead_row(new: &NewLead) -> lead::Model {
         id: new.id.clone(),
         source_id: new.source_id.clone(),
         idempotency_key: new.idempotency_key.clone(),
+        key_digest: new
+            .idempotency_key
+            .as_deref()
+            .map(|key| lead::key_digest(&new.source_id, key)),
         external_id: new.external_id.clone(),
         state: state.as_str().to_string(),
         raw: new.raw.clone(),

@@ -1143,28 +1143,88 @@ async fn an_auction_walked_again_after_a_crash_reuses_its_pings(backend: Backend
     crate::helpers::close_stores().await;
 }
 
-#[actix_web::test]
-async fn a_replay_spooled_during_a_cut_of_a_stored_key_keeps_its_id_working() {
-    let database = TestDatabase::create(Backend::Postgres).await;
-    let proxy = TcpProxy::start(server_of(&database.url));
+/// A configuration of one more instance on the test's PostgreSQL, through
+/// the proxy the test cuts (each instance has its own spool).
+fn instance_through(proxy: &TcpProxy, database: &TestDatabase) -> ServiceConfig {
     let mut config = ServiceConfig::write(&through(&database.url, proxy.address), "2s", "");
     config.test_database_url = database.url.clone();
+    config
+}
+
+/// A keyed lead's id is derived from its (source, key) (SPEC section 5):
+/// with the database cut, a replay of a stored key on either instance, and
+/// of a key held only in the other instance's spool, is answered the id
+/// the lead has, at the first try. Once the spools drain there is one lead
+/// per key, under that id.
+#[actix_web::test]
+async fn a_replay_during_a_cut_answers_the_leads_id_on_either_instance() {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let proxy = TcpProxy::start(server_of(&database.url));
+    let (first_config, second_config) = (
+        instance_through(&proxy, &database),
+        instance_through(&proxy, &database),
+    );
+    let first = Service::start(&first_config).await;
+    let second = Service::start(&second_config).await;
+    let stored = first.app.post_feed_lead(&feed_lead("stored-key")).await;
+    assert_eq!(stored.status, 200, "{}", stored.text());
+    let stored_id = stored.json()["submission_id"].clone();
+
+    proxy.cut();
+    for app in [&first.app, &second.app] {
+        let replay = app.post_feed_lead(&feed_lead("stored-key")).await;
+        assert_eq!(replay.status, 202, "{}", replay.text());
+        assert_eq!(replay.json()["submission_id"], stored_id);
+    }
+    let spooled = first.app.post_feed_lead(&feed_lead("spooled-key")).await;
+    assert_eq!(spooled.status, 202, "{}", spooled.text());
+    let spooled_id = spooled.json()["submission_id"].clone();
+    let replay = second.app.post_feed_lead(&feed_lead("spooled-key")).await;
+    assert_eq!(replay.json()["submission_id"], spooled_id);
+
+    proxy.restore();
+    for app in [&first.app, &second.app] {
+        wait_for_the_spool_to_drain(app).await;
+    }
+    let mut ids: Vec<String> = leads_in(&first.app)
+        .await
+        .into_iter()
+        .map(|lead| lead.id)
+        .collect();
+    ids.sort();
+    let mut expected = vec![
+        stored_id.as_str().unwrap().to_string(),
+        spooled_id.as_str().unwrap().to_string(),
+    ];
+    expected.sort();
+    assert_eq!(ids, expected, "one lead per key, under the id given");
+}
+
+/// A lead stored before ids were derived from keys has a random id: a
+/// replay of its key spooled during a cut is given the derived id, which
+/// keeps working as an alias of the stored lead once the spool drains.
+#[actix_web::test]
+async fn a_replay_of_a_pre_upgrade_lead_spooled_during_a_cut_keeps_its_id_working() {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let proxy = TcpProxy::start(server_of(&database.url));
+    let config = instance_through(&proxy, &database);
     let service = Service::start(&config).await;
     let app = &service.app;
     let stored = app.post_feed_lead(&feed_lead("kept-key")).await;
     assert_eq!(stored.status, 200, "{}", stored.text());
-    let stored_id = stored.json()["submission_id"].as_str().unwrap().to_string();
+    let derived_id = stored.json()["submission_id"].as_str().unwrap().to_string();
+    app.wait_for_state(&derived_id, "unsold").await;
+    let stored_id = leadrouter::domain::new_id();
+    crate::helpers::execute(
+        app,
+        &format!("UPDATE leads SET id = '{stored_id}' WHERE id = '{derived_id}'"),
+    )
+    .await;
 
-    // With the database cut, a replay of that key is spooled under an id
-    // of its own: the sender is given that id.
     proxy.cut();
     let spooled = app.post_feed_lead(&feed_lead("kept-key")).await;
     assert_eq!(spooled.status, 202, "{}", spooled.text());
-    let given_id = spooled.json()["submission_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert_ne!(given_id, stored_id);
+    assert_eq!(spooled.json()["submission_id"], derived_id.as_str());
 
     proxy.restore();
     wait_for_the_spool_to_drain(app).await;
@@ -1172,7 +1232,7 @@ async fn a_replay_spooled_during_a_cut_of_a_stored_key_keeps_its_id_working() {
     let status = app
         .send(
             app.client
-                .get(app.url(&format!("/v1/leads/{given_id}/status"))),
+                .get(app.url(&format!("/v1/leads/{derived_id}/status"))),
             "",
         )
         .await;
@@ -1180,7 +1240,7 @@ async fn a_replay_spooled_during_a_cut_of_a_stored_key_keeps_its_id_working() {
     let contract = status.json();
     assert_eq!(contract["submission_id"], stored_id.as_str());
     assert_eq!(contract["server_recorded"], true);
-    assert_eq!(app.lead(&given_id).await["id"], stored_id.as_str());
+    assert_eq!(app.lead(&derived_id).await["id"], stored_id.as_str());
     let replay = app.post_feed_lead(&feed_lead("kept-key")).await;
     assert_eq!(replay.json()["submission_id"], stored_id.as_str());
     assert_eq!(leads_in(app).await.len(), 1, "one lead for the key");
@@ -1192,8 +1252,7 @@ async fn a_spooled_lead_the_database_refuses_stays_visible_and_is_imported_again
 
     let database = TestDatabase::create(Backend::Postgres).await;
     let proxy = TcpProxy::start(server_of(&database.url));
-    let mut config = ServiceConfig::write(&through(&database.url, proxy.address), "2s", "");
-    config.test_database_url = database.url.clone();
+    let config = instance_through(&proxy, &database);
     let service = Service::start(&config).await;
     let app = &service.app;
     // Something the database will refuse once the lead drains (a
