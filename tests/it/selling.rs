@@ -1085,15 +1085,17 @@ async fn unanswered_posts_give_their_cap_slots_back_once_a_retry_or_resolve_deci
         "the rerouted lead's post gave its slot back"
     );
 
-    // Resolved sold to another buyer than the one whose post got no answer
-    // (a sale made by phone): that post did not sell, its slot comes back.
+    // A sale to a buyer that was never posted the lead is refused and
+    // keeps the slot; resolved not sold, the slot comes back.
     let elsewhere = app.submit(json!({"email": "e@example.com"})).await;
     app.wait_for_state(&elsewhere, "unknown").await;
     assert_eq!(used().await, sales + 1);
     let path = format!("/v1/leads/{elsewhere}/resolve");
     let body = json!({"buyer_id": "by-phone", "sold": true});
     let answer = app.admin_send("POST", &path, body).await;
-    assert_eq!(answer.json()["lead_state"], "sold", "{}", answer.text());
+    assert_eq!(answer.status, 422, "{}", answer.text());
+    assert_eq!(used().await, sales + 1, "a refused resolve changes nothing");
+    assert_eq!(resolve(elsewhere, false).await, "unsold");
     assert_eq!(used().await, sales, "acme's unanswered post did not sell");
 }
 
