@@ -945,7 +945,8 @@ async fn submit_each(app: &TestApp, tag: &str, count: usize, state: &str) {
 
 /// A daily cap of 3 is reached, removed by a reload while 3 more leads
 /// sell, then restored: the counter is reconciled with the 6 sales of the
-/// day, so no post reaches the buyer. Raised to 8 it takes exactly 2 more;
+/// day, so no post reaches the buyer. Raised to 8 it takes exactly 2 more
+/// of 5 leads offered at once;
 /// lowered to 5 (below the 8 sales) it takes none. The buyer's own count
 /// of posts is the witness.
 async fn a_cap_removed_restored_raised_and_lowered_by_reloads_counts_the_days_sales(
@@ -971,12 +972,20 @@ async fn a_cap_removed_restored_raised_and_lowered_by_reloads_counts_the_days_sa
     );
 
     app.reload_with(&acme_capped(&buyer, "daily_cap = 8")).await;
-    submit_each(&app, "raised", 2, "sold").await;
-    submit_each(&app, "beyond", 1, "unsold").await;
+    let raised =
+        join_all((0..5).map(|n| app.submit(json!({"email": format!("raised{n}@example.com")}))))
+            .await;
+    wait_until("the leads offered at once to settle", SETTLE, || async {
+        let states = join_all(raised.iter().map(|id| app.lead(id))).await;
+        states
+            .iter()
+            .all(|view| view["lead_state"] == "sold" || view["lead_state"] == "unsold")
+    })
+    .await;
     assert_eq!(
         buyer.calls("post").len(),
         8,
-        "raised by 5 over 6 sales: 2 more"
+        "raised to 8 over 6 sales: exactly 2 more, of 5 at once"
     );
 
     app.reload_with(&acme_capped(&buyer, "daily_cap = 5")).await;
