@@ -17,6 +17,7 @@ on_both_databases!(
     a_resolve_that_breaks_a_rule_is_refused_and_changes_nothing,
     a_lead_resolved_not_sold_to_a_buyer_it_was_posted_to_is_unsold_with_the_resolve_in_its_history,
     two_resolves_at_once_settle_the_lead_once,
+    a_sale_with_no_price_named_bid_or_fixed_is_refused_until_a_price_is_named,
 );
 
 /// The buyers of these scenarios: `other` (priority 1) rejects the post,
@@ -248,4 +249,30 @@ async fn two_resolves_at_once_settle_the_lead_once(backend: Backend) {
         assert_eq!(resolves_of(&app, id).await.len(), 1, "one resolve recorded");
         assert_eq!(sales_of(&app, id).await.len(), usize::from(sold));
     }
+}
+
+/// A buyer without a ping (no bid) and without a fixed price: a sale
+/// resolved without a price has none to take, and is refused.
+async fn a_sale_with_no_price_named_bid_or_fixed_is_refused_until_a_price_is_named(
+    backend: Backend,
+) {
+    let buyer = TestBuyer::start(accept(), Answer::Hang);
+    let direct = BuyerConfig {
+        ping_timeout: None,
+        post_timeout: "300ms",
+        ..BuyerConfig::new("acme", 1)
+    };
+    let app = spawn_app_with(backend, &direct.toml(&buyer.base)).await;
+    let id = app.submit(json!({"email": "direct@example.com"})).await;
+    app.wait_for_state(&id, "unknown").await;
+    let before = footprint(&app, &id).await;
+    let refused = resolve(&app, &id, json!({"buyer_id": "acme", "sold": true})).await;
+    assert_eq!(refused.status, 422, "{}", refused.text());
+    assert_eq!(refused.json()["error"], "price_needed");
+    assert_eq!(footprint(&app, &id).await, before, "changed nothing");
+
+    let priced = json!({"buyer_id": "acme", "sold": true, "price": 4.0});
+    let sold = resolve(&app, &id, priced).await;
+    assert_eq!(sold.status, 200, "{}", sold.text());
+    assert_eq!(sold.json()["price"], 4.0);
 }
