@@ -339,17 +339,21 @@ impl Buyer {
         self.publish();
     }
 
-    /// Counts the sales already made in each cap's period, for a counter
-    /// that does not exist yet (a cap just configured, the first start).
-    fn seed_caps(&self, ctx: &mut Context<Self>) {
+    /// Sets each cap's counter to the slots the database says are held in
+    /// its period (a cap just configured, restored, raised or lowered, the
+    /// first start). Offers wait meanwhile (`ctx.wait`), so no post is
+    /// planned against a counter that forgot the sales made while its cap
+    /// was off.
+    fn reconcile_caps(&self, ctx: &mut Context<Self>) {
         let slots = CapSlot::for_post(&self.settings, Utc::now());
         if slots.is_empty() {
             return;
         }
         let store = self.store.clone();
-        ctx.spawn(actix::fut::wrap_future(async move {
-            if let Err(error) = store.seed_caps(&slots).await {
-                tracing::warn!(%error, "could not seed the cap counters; they count from the next post");
+        let buyer_id = self.settings.id.clone();
+        ctx.wait(actix::fut::wrap_future(async move {
+            if let Err(error) = store.reconcile_caps(&slots).await {
+                tracing::warn!(%buyer_id, %error, "could not reconcile the cap counters with the sales; they count on from where they were");
             }
         }));
     }
@@ -446,7 +450,7 @@ impl Actor for Buyer {
         ctx.set_mailbox_capacity(1024);
         self.client = Some(client_for(&self.settings));
         self.publish();
-        self.seed_caps(ctx);
+        self.reconcile_caps(ctx);
         self.reoffer(Some(1));
         ctx.run_interval(self.settings.circuit.open_for, |buyer, _ctx| {
             if !buyer.answered_since_start && buyer.breaker.state() != CircuitState::Open {
@@ -551,7 +555,7 @@ impl Handler<Reconfigure> for Buyer {
         self.client = Some(client_for(&settings));
         self.settings = settings;
         self.publish();
-        self.seed_caps(ctx);
+        self.reconcile_caps(ctx);
     }
 }
 

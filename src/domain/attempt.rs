@@ -31,6 +31,9 @@ pub enum AttemptKind {
     Notify,
     /// An event postback.
     Event,
+    /// An operator's settlement of an `unknown` lead (no call): outcome
+    /// `accepted` (sold to the buyer) or `rejected` (not sold).
+    Resolve,
 }
 
 impl AttemptKind {
@@ -43,6 +46,7 @@ impl AttemptKind {
             Self::Skip => "skip",
             Self::Notify => "notify",
             Self::Event => "event",
+            Self::Resolve => "resolve",
         }
     }
 
@@ -53,6 +57,7 @@ impl AttemptKind {
             Self::Skip,
             Self::Notify,
             Self::Event,
+            Self::Resolve,
         ]
         .into_iter()
         .find(|kind| kind.as_str() == text)
@@ -191,6 +196,7 @@ mod tests {
             AttemptKind::Skip,
             AttemptKind::Notify,
             AttemptKind::Event,
+            AttemptKind::Resolve,
         ] {
             assert_eq!(AttemptKind::parse(kind.as_str()), Some(kind));
         }

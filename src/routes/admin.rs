@@ -2,7 +2,7 @@
 //! resolve an `unknown` lead, retry an attempt from its snapshot, record a
 //! return, list alerts, reload the configuration. Each answers the lead (or
 //! the new attempt) as it is afterwards; a state that does not allow the
-//! change is 409.
+//! change is 409, a resolve that breaks one of its rules 422.
 
 use actix_web::{web, HttpResponse};
 use entity::attempt;
@@ -130,7 +130,13 @@ pub struct ResolveRequest {
     price: Option<f64>,
 }
 
-/// `POST /v1/leads/{id}/resolve`: settles an `unknown` lead by hand.
+/// `POST /v1/leads/{id}/resolve`: settles an `unknown` lead by hand: sold
+/// to the buyer of the post whose outcome is unknown (at `price`, else that
+/// post's bid or the buyer's fixed price), or not sold to a buyer it was
+/// posted to. Anything else is 422 with the rule as `error`
+/// (`not_unknown`, `unknown_buyer`, `buyer_not_posted`,
+/// `not_the_unknown_post`, `bad_price`, `price_needed`), nothing changed.
+/// Recorded as a `resolve` attempt.
 #[utoipa::path(post, path = "/v1/leads/{id}/resolve", tag = "leads", security(("admin" = [])),
     params(("id" = String, Path, description = "The lead's submission_id")),
     request_body = ResolveRequest,
@@ -139,7 +145,8 @@ pub struct ResolveRequest {
         (status = 400, description = "A malformed request", body = ErrorBody),
         (status = 401, description = "Missing or wrong admin token", body = ErrorBody),
         (status = 404, description = "No such lead", body = ErrorBody),
-        (status = 409, description = "The lead is not unknown, or already sold", body = ErrorBody),
+        (status = 409, description = "The lead is already sold", body = ErrorBody),
+        (status = 422, description = "A rule of resolve is broken (named in `error`); nothing changed", body = ErrorBody),
     ))]
 pub async fn resolve(
     _: Admin,
@@ -147,12 +154,7 @@ pub async fn resolve(
     body: web::Json<ResolveRequest>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    if body
-        .price
-        .is_some_and(|price| !price.is_finite() || price < 0.0)
-    {
-        return Err(ApiError::BadRequest("price must be a number ≥ 0".into()));
-    }
+    let settings = state.settings();
     let source = state
         .store
         .find_lead(&path)
@@ -163,7 +165,11 @@ pub async fn resolve(
         buyer_id: &body.buyer_id,
         sold: body.sold,
         price: body.price,
-        payout: state.settings().payout_rule(&source).amount(body.price),
+        payout: settings.payout_rule(&source),
+        buyer_configured: settings
+            .buyers
+            .iter()
+            .any(|buyer| buyer.id == body.buyer_id),
     };
     let row = state.store.resolve_unknown_lead(&path, settlement).await?;
     Ok(HttpResponse::Ok().json(full_view(&state, row).await?))

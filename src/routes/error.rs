@@ -32,6 +32,9 @@ pub enum ApiError {
     /// The database refuses what was asked (a constraint, a trigger).
     #[error("{0}")]
     Refused(String),
+    /// What was asked breaks a rule of the contract; `code` names it.
+    #[error("{message}")]
+    Unprocessable { code: &'static str, message: String },
     #[error("{0} is unavailable")]
     Unavailable(String),
     #[error("the database is unavailable")]
@@ -49,6 +52,7 @@ impl ApiError {
             Self::NotFound(_) => "not_found",
             Self::Conflict(_) => "conflict",
             Self::Refused(_) => "refused",
+            Self::Unprocessable { code, .. } => code,
             Self::Unavailable(_) => "unavailable",
             Self::Database(_) => "database_unavailable",
         }
@@ -64,7 +68,7 @@ impl ResponseError for ApiError {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict(_) => StatusCode::CONFLICT,
-            Self::Refused(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Refused(_) | Self::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable(_) | Self::Database(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -90,6 +94,10 @@ impl From<crate::store::OperationError> for ApiError {
         match error {
             OperationError::NotFound => Self::NotFound("lead".into()),
             OperationError::Conflict(message) => Self::Conflict(message),
+            OperationError::Refused { rule, message } => Self::Unprocessable {
+                code: rule,
+                message,
+            },
             OperationError::Database(error) => Self::Database(error),
         }
     }

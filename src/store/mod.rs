@@ -13,6 +13,7 @@ mod loopback_tls;
 mod operations;
 mod person;
 mod report;
+mod resolve;
 mod routing;
 mod snapshots;
 mod sqlite_lock;
@@ -37,8 +38,9 @@ pub use deliveries::{
 };
 pub use leads::{contract_of_row, DuplicateRule, LeadFilter, LeadPage, NewLead, PersistOutcome};
 pub use loopback_tls::plain_on_loopback;
-pub use operations::{OperationError, Settlement};
+pub use operations::OperationError;
 pub use report::{Money, ReportBy, ReportRow};
+pub use resolve::Settlement;
 pub use routing::{
     AttemptEnd, Begun, Claimed, ClaimedLead, FailurePolicy, HeldLead, LeadEnd, NewAttempt,
     OutcomeCounts, SaleOf, Unwritten,

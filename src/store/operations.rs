@@ -1,6 +1,6 @@
 //! What operators do to leads through the admin API: fix an invalid lead,
-//! reroute (a set-aside lead too), settle an `unknown` lead by hand, record
-//! a return (its cap slots given back); and the alert list. Every change is a conditional
+//! reroute (a set-aside lead too), record a return (its cap slots given
+//! back); and the alert list. Settling an `unknown` lead is `resolve`. Every change is a conditional
 //! UPDATE on the lead's state, so two operators (or an operator and the
 //! router) cannot both win; the one-sale rule stays with the unique index.
 
@@ -9,7 +9,7 @@ use entity::{alert, attempt, lead, sale};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect, SqlErr, TransactionTrait,
+    QueryOrder, QuerySelect, TransactionTrait,
 };
 use serde_json::{Map, Value};
 
@@ -23,17 +23,12 @@ pub enum OperationError {
     NotFound,
     #[error("{0}")]
     Conflict(String),
+    /// The change breaks a rule of its own (`rule` names it); nothing was
+    /// changed.
+    #[error("{message}")]
+    Refused { rule: &'static str, message: String },
     #[error(transparent)]
     Database(#[from] DbErr),
-}
-
-/// How a hand settlement of an `unknown` lead ends.
-pub struct Settlement<'a> {
-    pub buyer_id: &'a str,
-    pub sold: bool,
-    pub price: Option<f64>,
-    /// What the lead's source is paid if sold.
-    pub payout: Option<f64>,
 }
 
 impl Store {
@@ -181,68 +176,6 @@ impl Store {
         .await
     }
 
-    /// Settles an `unknown` lead by hand: sold to `buyer_id` (a sale row,
-    /// tied to that buyer's unanswered post) or not sold (`unsold`). Not
-    /// sold, it is the operator's from then on, as a returned lead is: a
-    /// new history begins, so no re-offer to a buyer that recovers puts it
-    /// back to be routed, where the old unanswered post would make it
-    /// `unknown` again (undoing the operator's word, and giving back the
-    /// post's cap slot a second time at the next resolve).
-    pub async fn resolve_unknown_lead(
-        &self,
-        lead_id: &str,
-        settlement: Settlement<'_>,
-    ) -> Result<lead::Model, OperationError> {
-        let txn = self.db.begin().await?;
-        let state = if settlement.sold {
-            LeadState::Sold
-        } else {
-            LeadState::Unsold
-        };
-        let changed = transition(lead_id, &[LeadState::Unknown.as_str()], state.as_str())
-            .exec(&txn)
-            .await?
-            .rows_affected;
-        if changed == 0 {
-            drop(txn);
-            return self
-                .after_change(lead_id, 0, "only an unknown lead can be resolved")
-                .await;
-        }
-        // Sold: the buyer's newest unanswered post is the sale's and keeps
-        // its slots; every other unanswered post did not sell.
-        let give_back = if settlement.sold {
-            GiveBack::AllButTheSaleOf(settlement.buyer_id)
-        } else {
-            GiveBack::All
-        };
-        let sold_by = release_unanswered_posts(&txn, lead_id, give_back).await?;
-        if !settlement.sold {
-            new_history(lead_id, false).exec(&txn).await?;
-        }
-        if settlement.sold {
-            let inserted = sale::Entity::insert(new_sale(
-                lead_id,
-                settlement.buyer_id,
-                sold_by,
-                settlement.price,
-                settlement.payout,
-            ))
-            .exec_without_returning(&txn)
-            .await;
-            if let Err(error) = inserted {
-                return Err(match error.sql_err() {
-                    Some(SqlErr::UniqueConstraintViolation(_)) => {
-                        OperationError::Conflict("the lead is already sold".into())
-                    }
-                    _ => error.into(),
-                });
-            }
-        }
-        txn.commit().await?;
-        self.after_change(lead_id, 1, "").await
-    }
-
     /// After a retried post to `buyer_id` sold the lead: the lead's earlier
     /// posts to that buyer that got no answer give back the cap slots they
     /// kept in case they sold (one sale, one slot). Outside a transaction:
@@ -327,7 +260,7 @@ impl Store {
 
     /// The lead after a conditional change; `changed == 0` means its state
     /// did not allow it (or it does not exist).
-    async fn after_change(
+    pub(super) async fn after_change(
         &self,
         lead_id: &str,
         changed: u64,
@@ -349,7 +282,11 @@ impl Store {
 
 /// `UPDATE leads SET state = to WHERE id = lead_id AND state IN from`:
 /// every change here is one, so it wins only from the state it expects.
-fn transition(lead_id: &str, from: &[&str], to: &str) -> sea_orm::UpdateMany<lead::Entity> {
+pub(super) fn transition(
+    lead_id: &str,
+    from: &[&str],
+    to: &str,
+) -> sea_orm::UpdateMany<lead::Entity> {
     lead::Entity::update_many()
         .col_expr(lead::Column::State, Expr::value(to))
         .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
@@ -359,7 +296,7 @@ fn transition(lead_id: &str, from: &[&str], to: &str) -> sea_orm::UpdateMany<lea
 
 /// Which of a lead's unanswered posts give their cap slots back.
 #[derive(Debug, Clone, Copy)]
-enum GiveBack<'a> {
+pub(super) enum GiveBack<'a> {
     /// Every one: the lead did not sell to any of them.
     All,
     /// Every one but the newest to this buyer: the sale an operator
@@ -374,7 +311,7 @@ enum GiveBack<'a> {
 /// kept them in case it sold. Answers the id of the post kept for a sale.
 /// A transaction given as `db` must have written already: on SQLite one
 /// that reads first cannot write once another connection has committed.
-async fn release_unanswered_posts(
+pub(super) async fn release_unanswered_posts(
     db: &impl ConnectionTrait,
     lead_id: &str,
     which: GiveBack<'_>,
@@ -415,7 +352,7 @@ async fn release_unanswered_posts(
 
 /// A new routing history for the lead from now (an operator's settlement):
 /// buyers posted to before are offered it again only if `include_tried`.
-fn new_history(lead_id: &str, include_tried: bool) -> sea_orm::UpdateMany<lead::Entity> {
+pub(super) fn new_history(lead_id: &str, include_tried: bool) -> sea_orm::UpdateMany<lead::Entity> {
     lead::Entity::update_many()
         .col_expr(lead::Column::HistoryFrom, Expr::value(Utc::now()))
         .col_expr(lead::Column::OfferTried, Expr::value(include_tried))

@@ -188,7 +188,8 @@ async fn resolve_settles_an_unknown_lead_once(backend: Backend) {
             json!({"buyer_id": "acme", "sold": true}),
         )
         .await;
-    assert_eq!(twice.status, 409, "resolved once");
+    assert_eq!(twice.status, 422, "resolved once");
+    assert_eq!(twice.json()["error"], "not_unknown");
 
     let not_sold = app
         .admin_send(
@@ -258,7 +259,7 @@ async fn a_lead_resolved_not_sold_stays_unsold_when_a_buyer_it_failed_at_recover
             json!({"buyer_id": "acme", "sold": false}),
         )
         .await;
-    assert_eq!(twice.status, 409, "resolved once: {}", twice.text());
+    assert_eq!(twice.status, 422, "resolved once: {}", twice.text());
 }
 
 async fn a_retry_after_a_reload_goes_to_the_url_of_the_snapshot(backend: Backend) {
@@ -373,7 +374,7 @@ async fn a_returned_lead_is_offered_to_the_other_buyers(backend: Backend) {
             json!({"buyer_id": "first", "sold": true}),
         )
         .await;
-    assert_eq!(refused.status, 409);
+    assert_eq!(refused.status, 422, "only an unknown lead is resolved");
 
     let unsold_return = app
         .admin_send(

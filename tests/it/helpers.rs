@@ -333,6 +333,22 @@ impl TestApp {
 }
 
 impl TestApp {
+    /// Rewrites the app's configuration file with `extra` (on the same
+    /// database) and reloads it through the admin API; answers the report.
+    pub async fn reload_with(&self, extra: &str) -> Value {
+        let path = self.config_path.as_ref().expect("an app with a file");
+        write_config(path, &database_url_of(self), extra);
+        let answer = self
+            .client
+            .post(self.url("/v1/admin/reload"))
+            .insert_header(("Authorization", format!("Bearer {ADMIN_TOKEN}")));
+        let reloaded = self.send(answer, Vec::new()).await;
+        assert_eq!(reloaded.status, 200, "{}", reloaded.text());
+        reloaded.json()
+    }
+}
+
+impl TestApp {
     /// The lead as the admin API shows it.
     pub async fn lead(&self, id: &str) -> Value {
         let answer = self.admin_get(&format!("/v1/leads/{id}")).await;

@@ -22,6 +22,7 @@ mod notify;
 mod reads;
 mod recovery;
 mod release;
+mod resolve;
 mod routing;
 mod secrets;
 mod selling;

@@ -15,8 +15,8 @@ use serde_json::{json, Value};
 
 use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
 use crate::helpers::{
-    database_url_of, execute, post_of, spawn_app_adjusted, spawn_app_with, spawn_instance_of,
-    wait_until, write_config, Backend, TestApp,
+    execute, post_of, spawn_app_adjusted, spawn_app_with, spawn_instance_of, wait_until, Backend,
+    TestApp,
 };
 use crate::on_both_databases;
 
@@ -39,6 +39,7 @@ on_both_databases!(
     a_reroute_cannot_hide_an_accepted_post_without_its_sale,
     a_lead_still_walking_when_its_buyer_recovers_is_offered_again_when_it_settles,
     a_cap_added_by_a_reload_counts_the_sales_already_made,
+    a_cap_removed_restored_raised_and_lowered_by_reloads_counts_the_days_sales,
     a_return_gives_its_cap_slot_back,
     unanswered_posts_give_their_cap_slots_back_once_a_retry_or_resolve_decides,
     fixing_an_invalid_lead_of_a_known_person_makes_it_a_duplicate,
@@ -907,26 +908,92 @@ async fn a_cap_added_by_a_reload_counts_the_sales_already_made(backend: Backend)
             .await;
         app.wait_for_state(&id, "sold").await;
     }
-    let capped = BuyerConfig {
-        extra: "daily_cap = 2",
-        ..BuyerConfig::new("acme", 1)
-    };
-    write_config(
-        app.config_path.as_ref().unwrap(),
-        &database_url_of(&app),
-        &capped.toml(&buyer.base),
-    );
-    let reloaded = app.admin_send("POST", "/v1/admin/reload", json!({})).await;
-    assert_eq!(reloaded.status, 200, "{}", reloaded.text());
-    wait_until("the counter to be seeded", SETTLE, || async {
-        let buyers = app.admin_get("/v1/buyers").await.json();
-        buyers[0]["caps"][0]["used"] == 2
-    })
-    .await;
+    app.reload_with(&acme_capped(&buyer, "daily_cap = 2")).await;
+    wait_for_cap_use(&app, 2).await;
     let late = app.submit(json!({"email": "late@example.com"})).await;
     let view = app.wait_for_state(&late, "unsold").await;
     assert_eq!(view["attempts"][0]["outcome"], "capped", "{view}");
     assert_eq!(buyer.calls("post").len(), 2);
+}
+
+/// `acme` at the test buyer, with `cap` (a `[[buyers]]` key, or none).
+fn acme_capped(buyer: &TestBuyer, cap: &str) -> String {
+    BuyerConfig {
+        extra: cap,
+        ..BuyerConfig::new("acme", 1)
+    }
+    .toml(&buyer.base)
+}
+
+/// Waits until the first buyer's first cap shows `used` slots.
+async fn wait_for_cap_use(app: &TestApp, used: u64) {
+    wait_until(&format!("the cap to count {used}"), SETTLE, || async {
+        let buyers = app.admin_get("/v1/buyers").await.json();
+        buyers[0]["caps"][0]["used"] == used
+    })
+    .await;
+}
+
+/// Submits leads one after another, each waited for until `state`.
+async fn submit_each(app: &TestApp, tag: &str, count: usize, state: &str) {
+    for n in 0..count {
+        let id = app
+            .submit(json!({"email": format!("{tag}{n}@example.com")}))
+            .await;
+        app.wait_for_state(&id, state).await;
+    }
+}
+
+/// A daily cap of 3 is reached, removed by a reload while 3 more leads
+/// sell, then restored: the counter is reconciled with the 6 sales of the
+/// day, so no post reaches the buyer. Raised to 8 it takes exactly 2 more
+/// of 5 leads offered at once;
+/// lowered to 5 (below the 8 sales) it takes none. The buyer's own count
+/// of posts is the witness.
+async fn a_cap_removed_restored_raised_and_lowered_by_reloads_counts_the_days_sales(
+    backend: Backend,
+) {
+    let buyer = TestBuyer::start(accept(), accept());
+    let app = spawn_app_with(backend, &acme_capped(&buyer, "daily_cap = 3")).await;
+    submit_each(&app, "capped", 3, "sold").await;
+    submit_each(&app, "over", 1, "unsold").await;
+    assert_eq!(buyer.calls("post").len(), 3);
+
+    app.reload_with(&acme_capped(&buyer, "")).await;
+    submit_each(&app, "uncapped", 3, "sold").await;
+    assert_eq!(buyer.calls("post").len(), 6);
+
+    app.reload_with(&acme_capped(&buyer, "daily_cap = 3")).await;
+    wait_for_cap_use(&app, 6).await;
+    submit_each(&app, "restored", 2, "unsold").await;
+    assert_eq!(
+        buyer.calls("post").len(),
+        6,
+        "a restored cap counts the sales made while it was off"
+    );
+
+    app.reload_with(&acme_capped(&buyer, "daily_cap = 8")).await;
+    let raised =
+        join_all((0..5).map(|n| app.submit(json!({"email": format!("raised{n}@example.com")}))))
+            .await;
+    wait_until("the leads offered at once to settle", SETTLE, || async {
+        let states = join_all(raised.iter().map(|id| app.lead(id))).await;
+        states
+            .iter()
+            .all(|view| view["lead_state"] == "sold" || view["lead_state"] == "unsold")
+    })
+    .await;
+    assert_eq!(
+        buyer.calls("post").len(),
+        8,
+        "raised to 8 over 6 sales: exactly 2 more, of 5 at once"
+    );
+
+    app.reload_with(&acme_capped(&buyer, "daily_cap = 5")).await;
+    wait_for_cap_use(&app, 8).await;
+    submit_each(&app, "lowered", 1, "unsold").await;
+    assert_eq!(buyer.calls("post").len(), 8, "lowered below the sales made");
+    assert_eq!(sales_to(&app, "acme").await.len(), 8);
 }
 
 async fn a_return_gives_its_cap_slot_back(backend: Backend) {
@@ -1028,15 +1095,17 @@ async fn unanswered_posts_give_their_cap_slots_back_once_a_retry_or_resolve_deci
         "the rerouted lead's post gave its slot back"
     );
 
-    // Resolved sold to another buyer than the one whose post got no answer
-    // (a sale made by phone): that post did not sell, its slot comes back.
+    // A sale to a buyer that was never posted the lead is refused and
+    // keeps the slot; resolved not sold, the slot comes back.
     let elsewhere = app.submit(json!({"email": "e@example.com"})).await;
     app.wait_for_state(&elsewhere, "unknown").await;
     assert_eq!(used().await, sales + 1);
     let path = format!("/v1/leads/{elsewhere}/resolve");
     let body = json!({"buyer_id": "by-phone", "sold": true});
     let answer = app.admin_send("POST", &path, body).await;
-    assert_eq!(answer.json()["lead_state"], "sold", "{}", answer.text());
+    assert_eq!(answer.status, 422, "{}", answer.text());
+    assert_eq!(used().await, sales + 1, "a refused resolve changes nothing");
+    assert_eq!(resolve(elsewhere, false).await, "unsold");
     assert_eq!(used().await, sales, "acme's unanswered post did not sell");
 }
 
