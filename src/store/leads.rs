@@ -405,16 +405,7 @@ async fn settle_leads(
             outcomes.push(PersistOutcome::Inserted(row));
             continue;
         }
-        // A replay: answer the lead its key belongs to (the whole key
-        // compared, not only its digest).
-        let existing = lead::Entity::find()
-            .filter(lead::Column::SourceId.eq(row.source_id.as_str()))
-            .filter(lead::Column::KeyDigest.eq(row.key_digest.clone()))
-            .filter(lead::Column::IdempotencyKey.eq(row.idempotency_key.clone()))
-            .one(txn)
-            .await?
-            .ok_or_else(|| DbErr::RecordNotFound("lead behind a conflicting key".into()))?;
-        outcomes.push(PersistOutcome::Existing(existing));
+        outcomes.push(PersistOutcome::Existing(stored_before(txn, &row).await?));
     }
     let fresh: Vec<&lead::Model> = outcomes
         .iter()
@@ -428,6 +419,23 @@ async fn settle_leads(
         outcomes,
         originals,
     })
+}
+
+/// The lead a row that was not inserted is: the row itself, written
+/// before (a commit whose answer was lost, then written again from the
+/// spool or lead by lead: its id is taken by itself), else the lead its
+/// key belongs to (a replay; the whole key compared, not only its digest).
+async fn stored_before(txn: &DatabaseTransaction, row: &lead::Model) -> Result<lead::Model, DbErr> {
+    if let Some(itself) = lead::Entity::find_by_id(row.id.clone()).one(txn).await? {
+        return Ok(itself);
+    }
+    lead::Entity::find()
+        .filter(lead::Column::SourceId.eq(row.source_id.as_str()))
+        .filter(lead::Column::KeyDigest.eq(row.key_digest.clone()))
+        .filter(lead::Column::IdempotencyKey.eq(row.idempotency_key.clone()))
+        .one(txn)
+        .await?
+        .ok_or_else(|| DbErr::RecordNotFound("lead behind a conflicting id or key".into()))
 }
 
 /// Bytes of row data per multi-row INSERT, so that one statement stays a

@@ -20,7 +20,10 @@ use crate::helpers::{
 };
 use crate::on_both_databases;
 
-on_both_databases!(a_mixed_batch_is_answered_and_stored_as_if_each_lead_came_alone);
+on_both_databases!(
+    a_mixed_batch_is_answered_and_stored_as_if_each_lead_came_alone,
+    a_lead_written_again_after_its_commit_answer_was_lost_is_that_lead,
+);
 
 /// Leads that must wait before a second batch starts (the intake actor's
 /// `SECOND_BATCH_FROM`).
@@ -123,6 +126,67 @@ fn lead(key: &str, email: &str) -> NewLead {
         received_at: chrono::Utc::now(),
         accept_on_store: true,
     }
+}
+
+/// A commit whose answer was lost (the connection cut during `COMMIT`)
+/// stored its leads; intake then writes the same leads again, from the
+/// spool or lead by lead. Each is answered as the lead it is, keyless or
+/// keyed, through both writes, and none is stored twice or refused (a
+/// keyless lead's id taken by itself was a unique violation: `failed`).
+async fn a_lead_written_again_after_its_commit_answer_was_lost_is_that_lead(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
+    let store = open_store(&database.url).await;
+    store.migrate().await.unwrap();
+    let rule = DuplicateRule {
+        window: Duration::from_secs(3600),
+        keys: vec!["email".into()],
+    };
+    let keyless = NewLead {
+        idempotency_key: None,
+        ..lead("unused", "keyless@example.com")
+    };
+    let keyed = NewLead {
+        id: leadrouter::domain::keyed_lead_id("website", "k-keyed"),
+        ..lead("k-keyed", "keyed@example.com")
+    };
+    // Another keyless lead of the source, stored first: a lead is never
+    // taken for another that merely shares its lack of a key.
+    let earlier = NewLead {
+        idempotency_key: None,
+        ..lead("unused", "earlier@example.com")
+    };
+    store
+        .log_and_persist_leads(&[earlier], &rule)
+        .await
+        .unwrap();
+    let batch = [keyless, keyed];
+    let first = store.log_and_persist_leads(&batch, &rule).await.unwrap();
+    assert!(first
+        .iter()
+        .all(|outcome| matches!(outcome, PersistOutcome::Inserted(_))));
+    let again = store.log_and_persist_leads(&batch, &rule).await.unwrap();
+    for lead in &batch {
+        let one_by_one = store
+            .persist_leads(std::slice::from_ref(lead), &rule)
+            .await
+            .unwrap();
+        for outcome in again.iter().chain(&one_by_one) {
+            if let PersistOutcome::Existing(row) = outcome {
+                assert_eq!(row.state, "received", "never a duplicate of itself");
+            } else {
+                panic!("written again, {} was stored anew: {outcome:?}", lead.id);
+            }
+        }
+    }
+    let ids: Vec<&str> = again
+        .iter()
+        .map(|outcome| match outcome {
+            PersistOutcome::Existing(row) | PersistOutcome::Inserted(row) => row.id.as_str(),
+        })
+        .collect();
+    assert_eq!(ids, [batch[0].id.as_str(), batch[1].id.as_str()]);
+    let leads: i64 = one_value(store.connection(), "SELECT COUNT(*) FROM leads").await;
+    assert_eq!(leads, 3);
 }
 
 /// PostgreSQL: while intake's batch waits for the database (another
