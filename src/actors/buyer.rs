@@ -12,7 +12,9 @@
 //! lives here: after a restart, slots, probes and counters start again,
 //! and the attempts already written stay in the database for recovery.
 
+use std::cell::RefCell;
 use std::collections::HashSet;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -105,6 +107,10 @@ struct SlotTaken;
 
 pub struct Buyer {
     settings: Arc<BuyerSettings>,
+    /// The same settings, shared with the calls: a post reserves the caps
+    /// they hold when its row is written, after a reload that came while
+    /// it waited for its slot (and the reconcile that followed it).
+    current_settings: Rc<RefCell<Arc<BuyerSettings>>>,
     pii_fields: Arc<Vec<String>>,
     ping_check: AcceptCheck,
     post_check: AcceptCheck,
@@ -186,6 +192,7 @@ impl Buyer {
             ping_check: accept_check(&settings, CallKind::Ping),
             post_check: accept_check(&settings, CallKind::Post),
             breaker: Breaker::new(settings.circuit.clone()),
+            current_settings: Rc::new(RefCell::new(settings.clone())),
             settings,
             pii_fields,
             client: None,
@@ -289,8 +296,14 @@ impl Buyer {
         };
         let mut attempt = self.attempt(&offer, AttemptKind::Call(offer.kind));
         attempt.request = request.shown.clone();
+        // A retry reserves the caps of the settings it replays.
+        let caps_of = match &offer.retry {
+            Some(retry) => Rc::new(RefCell::new(retry.settings.clone())),
+            None => self.current_settings.clone(),
+        };
         Some(CallPlan {
             kind: offer.kind,
+            caps_of,
             settings,
             request,
             timeout,
@@ -553,6 +566,7 @@ impl Handler<Reconfigure> for Buyer {
             self.circuit_changed_at = Utc::now();
         }
         self.client = Some(client_for(&settings));
+        *self.current_settings.borrow_mut() = settings.clone();
         self.settings = settings;
         self.publish();
         self.reconcile_caps(ctx);

@@ -9,6 +9,8 @@
 //! answer is instead handed back unwritten, for the walk's next row to
 //! bring into its commit (`store::Unwritten`).
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,6 +57,9 @@ pub struct CallReport {
 /// Everything one call needs, prepared by the buyer actor.
 pub struct CallPlan {
     pub kind: CallKind,
+    /// The settings whose caps a post reserves, read when its row is
+    /// written (the buyer's as they are then; a retry's snapshot).
+    pub caps_of: Rc<RefCell<Arc<BuyerSettings>>>,
     pub settings: Arc<BuyerSettings>,
     pub request: BuyerRequest,
     pub timeout: Duration,
@@ -95,6 +100,7 @@ pub struct CallSlot {
 pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offered {
     let CallPlan {
         kind,
+        caps_of,
         settings,
         request,
         timeout,
@@ -119,10 +125,10 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
     // leave (SPEC section 9). A ping's row may wait: an interrupted ping
     // is settled as an `error` and harms nothing.
     let (slot, attempt_id, cap_slots) = if kind == CallKind::Post {
-        attempt.caps = CapSlot::for_post(&settings, chrono::Utc::now());
         let Some(slot) = slots.take(kind, limit, patience).await else {
             return post_skipped_as_busy(&store, &metrics, &settings.id, attempt).await;
         };
+        attempt.caps = CapSlot::for_post(&caps_of.borrow(), chrono::Utc::now());
         let (attempt_id, cap_slots) = match begin(&store, &metrics, &settings.id, attempt).await {
             Ok(begun) => begun,
             Err(offered) => return offered,

@@ -40,6 +40,7 @@ on_both_databases!(
     a_lead_still_walking_when_its_buyer_recovers_is_offered_again_when_it_settles,
     a_cap_added_by_a_reload_counts_the_sales_already_made,
     a_cap_removed_restored_raised_and_lowered_by_reloads_counts_the_days_sales,
+    a_cap_restored_while_posts_wait_for_the_buyers_slot_holds_them,
     a_return_gives_its_cap_slot_back,
     unanswered_posts_give_their_cap_slots_back_once_a_retry_or_resolve_decides,
     fixing_an_invalid_lead_of_a_known_person_makes_it_a_duplicate,
@@ -994,6 +995,60 @@ async fn a_cap_removed_restored_raised_and_lowered_by_reloads_counts_the_days_sa
     submit_each(&app, "lowered", 1, "unsold").await;
     assert_eq!(buyer.calls("post").len(), 8, "lowered below the sales made");
     assert_eq!(sales_to(&app, "acme").await.len(), 8);
+}
+
+/// A cap restored by a reload while posts wait for the buyer's one slot:
+/// a post takes its slot before its row is written, and reserves the caps
+/// of the buyer's settings as they are then, so the posts that waited
+/// (offered while the cap was off) are held by the restored cap.
+async fn a_cap_restored_while_posts_wait_for_the_buyers_slot_holds_them(backend: Backend) {
+    let buyer = TestBuyer::start(
+        accept(),
+        Answer::Accept {
+            delay: Duration::from_secs(2),
+        },
+    );
+    // Direct posts (no ping): the posts themselves wait for the slot.
+    let acme = |extra| {
+        BuyerConfig {
+            ping_timeout: None,
+            extra,
+            ..BuyerConfig::new("acme", 1)
+        }
+        .toml(&buyer.base)
+    };
+    let one_slot = "max_concurrency = 1\nqueue_timeout = \"30s\"";
+    let capped = format!("{one_slot}\ndaily_cap = 1");
+    let app = spawn_app_with(backend, &acme(&capped)).await;
+    submit_each(&app, "capped", 1, "sold").await;
+
+    app.reload_with(&acme(one_slot)).await;
+    let offered =
+        join_all((0..3).map(|n| app.submit(json!({"email": format!("waits{n}@example.com")}))))
+            .await;
+    wait_until(
+        "one post out, the other leads waiting for the slot",
+        SETTLE,
+        || async {
+            let states = join_all(offered.iter().map(|id| app.lead(id))).await;
+            buyer.calls("post").len() == 2
+                && states.iter().all(|view| view["lead_state"] == "routing")
+        },
+    )
+    .await;
+    app.reload_with(&acme(&capped)).await;
+    for id in &offered {
+        wait_until("the lead to settle", SETTLE, || async {
+            let state = app.lead(id).await["lead_state"].clone();
+            state == "sold" || state == "unsold"
+        })
+        .await;
+    }
+    assert_eq!(
+        buyer.calls("post").len(),
+        2,
+        "the posts that waited for the slot reserve the restored cap"
+    );
 }
 
 async fn a_return_gives_its_cap_slot_back(backend: Backend) {
