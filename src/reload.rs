@@ -155,6 +155,7 @@ fn compare(running: &Settings, fresh: &Settings) -> ReloadReport {
         ),
         ("notify", differs(&running.notify, &fresh.notify)),
         ("events", differs(&running.events, &fresh.events)),
+        ("log", running.log.format != fresh.log.format),
     ] {
         if changed {
             restart_needed.push(section);
