@@ -1,10 +1,12 @@
 //! Tracing set-up: one event per line on stderr, as text (coloured only
 //! when stderr is a terminal) or as JSON objects (`[log] format`, SPEC
-//! section 8), filtered by `RUST_LOG`.
+//! section 8), filtered by `RUST_LOG`. The lead and attempt spans carry ids
+//! and names, never personal data.
 
 use std::io::IsTerminal;
 use std::sync::OnceLock;
 
+use tracing::Span;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
@@ -49,4 +51,24 @@ pub fn report_failure(error: &anyhow::Error) {
     } else {
         eprintln!("error: {error:#}");
     }
+}
+
+/// Everything done for one lead: its id and source (never a field's value).
+/// Values are `Display`ed (`source=website`, as the text format shows them).
+pub fn lead_span(lead_id: &str, source: &str) -> Span {
+    tracing::info_span!("lead", lead_id = %lead_id, source = %source)
+}
+
+/// One attempt of the lead whose span is `lead`: a ping, a post or a skip
+/// of a buyer, or a delivery to a notify channel or event sink (whose id
+/// is the attempt's `buyer_id`, as in its row). `attempt_id` is recorded
+/// once its row is written.
+pub fn attempt_span(lead: &Span, buyer_id: &str, kind: &str) -> Span {
+    tracing::info_span!(
+        parent: lead,
+        "attempt",
+        buyer_id = %buyer_id,
+        kind = %kind,
+        attempt_id = tracing::field::Empty
+    )
 }

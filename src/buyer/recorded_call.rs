@@ -112,7 +112,10 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
         attempt.caps = CapSlot::for_post(&settings, chrono::Utc::now());
     }
     let (attempt_id, cap_slots) = match store.begin_attempt(attempt).await {
-        Ok(Begun::Call(id, cap_slots)) => (id, cap_slots),
+        Ok(Begun::Call(id, cap_slots)) => {
+            tracing::Span::current().record("attempt_id", tracing::field::display(&id));
+            (id, cap_slots)
+        }
         Ok(Begun::Fenced) => return Offered::Fenced,
         Ok(Begun::Capped) => {
             metrics.attempt(
@@ -140,19 +143,16 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
         return skipped_as_busy(&store, &metrics, &settings.id, &attempt_id, cap_slots).await;
     };
     taken();
-    let span = tracing::info_span!("attempt", %lead_id, buyer_id = %settings.id, kind = kind.as_str(), %attempt_id);
     let answer = exchange(&client, kind, &request, timeout, &check).await;
     drop(slot);
     metrics.attempt(&settings.id, kind.as_str(), answer.outcome.as_str());
-    span.in_scope(|| {
-        tracing::info!(
-            outcome = answer.outcome.as_str(),
-            status = answer.http_status,
-            latency_ms = answer.duration.as_millis() as u64,
-            detail = answer.detail.as_deref(),
-            "buyer answered"
-        )
-    });
+    tracing::info!(
+        outcome = %answer.outcome.as_str(),
+        status = answer.http_status,
+        latency_ms = answer.duration.as_millis() as u64,
+        detail = answer.detail.as_deref(),
+        "buyer answered"
+    );
     let mut report = report_of(&settings, kind, attempt_id, &answer);
     let end = AttemptEnd {
         outcome: answer.outcome,
@@ -194,7 +194,7 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
     match recorded {
         Ok(Written::Done) => Offered::Called(report),
         Ok(written) => {
-            tracing::warn!(%lead_id, ?written, "the answer was not recorded: recovery had settled the call");
+            tracing::warn!(%lead_id, written = written.as_str(), "the answer was not recorded: recovery had settled the call");
             Offered::Unrecorded(report)
         }
         Err(error) => {
@@ -237,7 +237,7 @@ async fn sell(store: &Store, report: CallReport, end: AttemptEnd, sale: SaleOf<'
             return Offered::Sold(report);
         }
         Ok(written) => {
-            tracing::warn!(%lead_id, ?written, "accepted post not recorded: recovery had settled it");
+            tracing::warn!(%lead_id, written = written.as_str(), "accepted post not recorded: recovery had settled it");
             return Offered::Unrecorded(report);
         }
         Err(error) => {
