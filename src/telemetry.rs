@@ -5,11 +5,13 @@
 
 use std::io::IsTerminal;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use tracing::Span;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
+use crate::domain::CallOutcome;
 
 /// Without `RUST_LOG`: info, but not the database drivers' statements nor
 /// actix-server's line per worker (which would bury the demo's banner).
@@ -62,13 +64,28 @@ pub fn lead_span(lead_id: &str, source: &str) -> Span {
 /// One attempt of the lead whose span is `lead`: a ping, a post or a skip
 /// of a buyer, or a delivery to a notify channel or event sink (whose id
 /// is the attempt's `buyer_id`, as in its row). `attempt_id` is recorded
-/// once its row is written.
+/// once its row is written, `outcome` and `latency_ms` once it is answered
+/// ([`record_answer`]).
 pub fn attempt_span(lead: &Span, buyer_id: &str, kind: &str) -> Span {
     tracing::info_span!(
         parent: lead,
         "attempt",
         buyer_id = %buyer_id,
         kind = %kind,
-        attempt_id = tracing::field::Empty
+        attempt_id = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        latency_ms = tracing::field::Empty
     )
+}
+
+/// Fills in the current attempt span's row id.
+pub fn record_attempt_id(attempt_id: &str) {
+    Span::current().record("attempt_id", tracing::field::display(attempt_id));
+}
+
+/// Fills in the current attempt span's answer.
+pub fn record_answer(outcome: CallOutcome, took: Duration) {
+    let span = Span::current();
+    span.record("outcome", tracing::field::display(outcome.as_str()));
+    span.record("latency_ms", took.as_millis() as u64);
 }

@@ -546,7 +546,7 @@ impl OneDelivery {
             .await
         {
             Ok(id) => {
-                tracing::Span::current().record("attempt_id", tracing::field::display(&id));
+                telemetry::record_attempt_id(&id);
                 id
             }
             Err(error) => {
@@ -568,10 +568,10 @@ impl OneDelivery {
             return self.failed(&attempt_id, not_sent(late)).await;
         }
         let answer = transport.send(prepared, self.destination.timeout()).await;
-        // The lead, channel and kind are the span's.
+        // The lead, channel, kind and outcome are the span's.
+        telemetry::record_answer(answer.outcome, answer.duration);
         tracing::info!(
             event = %self.target.event.as_deref().unwrap_or_default(),
-            outcome = %answer.outcome.as_str(),
             status = answer.http_status,
             "delivery tried"
         );

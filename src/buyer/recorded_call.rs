@@ -20,6 +20,7 @@ use crate::config::{BuyerSettings, PayoutRule};
 use crate::domain::{AttemptKind, CallKind, CallOutcome, SkipReason};
 use crate::metrics::Metrics;
 use crate::store::{AttemptEnd, Begun, CapSlot, NewAttempt, SaleOf, Store, Unwritten, Written};
+use crate::telemetry;
 
 /// What became of an offer.
 #[derive(Debug, Clone)]
@@ -113,7 +114,7 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
     }
     let (attempt_id, cap_slots) = match store.begin_attempt(attempt).await {
         Ok(Begun::Call(id, cap_slots)) => {
-            tracing::Span::current().record("attempt_id", tracing::field::display(&id));
+            telemetry::record_attempt_id(&id);
             (id, cap_slots)
         }
         Ok(Begun::Fenced) => return Offered::Fenced,
@@ -146,10 +147,9 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
     let answer = exchange(&client, kind, &request, timeout, &check).await;
     drop(slot);
     metrics.attempt(&settings.id, kind.as_str(), answer.outcome.as_str());
+    telemetry::record_answer(answer.outcome, answer.duration);
     tracing::info!(
-        outcome = %answer.outcome.as_str(),
         status = answer.http_status,
-        latency_ms = answer.duration.as_millis() as u64,
         detail = answer.detail.as_deref(),
         "buyer answered"
     );

@@ -112,10 +112,11 @@ async fn json_logs_parse_line_by_line_and_hold_no_personal_data(backend: Backend
             let span = &line["span"];
             assert_eq!(span["name"], "attempt", "{line}");
             assert!(span["attempt_id"].is_string(), "{line}");
+            assert!(span["latency_ms"].is_u64(), "{line}");
             (
                 span["buyer_id"].as_str().unwrap(),
                 span["kind"].as_str().unwrap(),
-                line["outcome"].as_str().unwrap(),
+                span["outcome"].as_str().unwrap(),
             )
         })
         .collect();
