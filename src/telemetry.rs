@@ -42,7 +42,18 @@ pub fn init(format: LogFormat) {
     };
     if installed.is_ok() {
         let _ = INSTALLED.set(format);
+        if format == LogFormat::Json {
+            std::panic::set_hook(Box::new(log_panic));
+        }
     }
+}
+
+/// A panic as a log event instead of the default hook's plain lines (an
+/// actor's panic is caught and the actor restarted: the log goes on).
+fn log_panic(info: &std::panic::PanicHookInfo<'_>) {
+    let location = info.location().map(ToString::to_string);
+    let message = info.payload_as_str().unwrap_or("(no message)");
+    tracing::error!(panic = message, location, "panicked");
 }
 
 /// Tells why the command failed: a log event when the log is JSON (so

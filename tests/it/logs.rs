@@ -29,13 +29,16 @@ fn two_buyers(picky: &TestBuyer, acme: &TestBuyer) -> String {
 }
 
 /// Starts the service with `log` TOML; a lead of a known person is sold
-/// (after a rejected ping), a second one of the same person is a
-/// duplicate and a third, its email malformed, invalid. Answers the
-/// service, once its log tells the sold lead's walk ended, and that lead's id.
+/// (its first call panics, an injected fault: the actor is restarted and
+/// the lead routed again; then a rejected ping, and a sale), a second one
+/// of the same person is a duplicate and a third, its email malformed,
+/// invalid. Answers the service, once its log tells the sold lead's walk
+/// ended, and that lead's id.
 async fn sell_a_lead_of_a_known_person(database: &TestDatabase, log: &str) -> (Service, String) {
     let picky = TestBuyer::start(Answer::Reject, accept());
     let acme = TestBuyer::start(accept(), accept());
-    let extra = format!("{}\n{log}", two_buyers(&picky, &acme));
+    let faults = "[faults]\nbuyer_panics = { picky = 1 }\n";
+    let extra = format!("{}\n{faults}{log}", two_buyers(&picky, &acme));
     let config = ServiceConfig::write(&database.url, "2s", &extra);
     let service = Service::start(&config).await;
     let app = &service.app;
@@ -54,10 +57,17 @@ async fn sell_a_lead_of_a_known_person(database: &TestDatabase, log: &str) -> (S
         invalid.text()
     );
     assert_eq!(acme.calls("post").len(), 1, "the lead was posted to acme");
-    wait_until("the walk's end in the log", Duration::from_secs(20), || {
-        let ended = service.stderr().contains("walk ended");
-        async move { ended }
-    })
+    wait_until(
+        "the sale's walk end in the log",
+        Duration::from_secs(20),
+        || {
+            let ended = service
+                .stderr()
+                .lines()
+                .any(|line| line.contains("walk ended") && line.contains("sold"));
+            async move { ended }
+        },
+    )
     .await;
     (service, sold)
 }
@@ -100,11 +110,22 @@ async fn json_logs_parse_line_by_line_and_hold_no_personal_data(backend: Backend
         of_the_lead.iter().all(|line| line["spans"][0] == lead_span),
         "{of_the_lead:#?}"
     );
-    let walk_end = of_the_lead
+    let walk_ends: Vec<&Value> = of_the_lead
         .iter()
-        .find(|line| line["message"] == "walk ended")
-        .expect("the walk's end in the lead's span");
-    assert_eq!(walk_end["end"], "sold");
+        .filter(|line| line["message"] == "walk ended")
+        .map(|line| &line["end"])
+        .collect();
+    assert_eq!(
+        walk_ends,
+        ["failed", "sold"],
+        "the panicked walk, then the sale"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["message"] == "panicked" && line["level"] == "ERROR"),
+        "the injected panic is a JSON event"
+    );
     let attempts: Vec<(&str, &str, &str)> = of_the_lead
         .iter()
         .filter(|line| line["message"] == "buyer answered")
@@ -145,7 +166,7 @@ async fn text_logs_to_a_pipe_have_no_colour_and_plain_values() {
     );
     let walk_end = log
         .lines()
-        .find(|line| line.contains("walk ended"))
+        .find(|line| line.contains("walk ended") && line.contains("sold"))
         .unwrap();
     assert!(walk_end.contains(&format!("lead_id={sold}")), "{walk_end}");
     assert!(walk_end.contains("end=sold"), "{walk_end}");
