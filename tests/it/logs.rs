@@ -95,6 +95,14 @@ async fn json_logs_parse_line_by_line_and_hold_no_personal_data(backend: Backend
             assert!(line[key].is_string(), "no {key} in {line}");
         }
     }
+    // `Service` sets RUST_LOG=info,... : it, not the default filter (which
+    // quiets actix_server), decides.
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["target"].as_str().unwrap().starts_with("actix_server")),
+        "RUST_LOG filters the JSON log"
+    );
     // The lead's span (id and source) holds the attempts' spans (buyer
     // and kind) of its walk.
     let in_lead_span = |line: &&Value| {
