@@ -5,8 +5,11 @@
 //! when the manager confirms and get sold, and the operators' status page
 //! at `/status`.
 
+use std::net::TcpListener;
+
 use actix_web::{web, HttpResponse};
 
+use crate::config::Settings;
 use crate::startup::Application;
 use crate::{config, demo_inbox, mock_buyer};
 
@@ -22,54 +25,93 @@ const DEMO_BUYERS: [(&str, bool, f64, u64, f64); 3] = [
     ("flaky", false, 0.8, 100, 0.5),
 ];
 
-pub async fn run() -> anyhow::Result<()> {
+/// The demo with its servers' sockets bound and its settings made, before
+/// anything runs: `main` starts the log in the format they name first.
+pub struct Demo {
+    pub settings: Settings,
+    buyers: Vec<(TcpListener, mock_buyer::Behaviour)>,
+    inbox: TcpListener,
+}
+
+/// Binds the demo buyers' and the inbox's loopback ports and reads the
+/// embedded configuration with them (and the environment's overrides).
+pub fn prepare() -> anyhow::Result<Demo> {
+    let mut buyers = Vec::new();
     let mut buyers_toml = String::new();
     for (priority, (id, with_ping, accept_rate, latency_ms, fail_rate)) in
         DEMO_BUYERS.into_iter().enumerate()
     {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        let base = format!("http://{}", listener.local_addr()?);
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let base = base_of(&listener)?;
         let behaviour = mock_buyer::Behaviour {
             accept_rate,
             latency: std::time::Duration::from_millis(latency_ms),
             fail_rate,
             hang: false,
         };
-        actix_web::rt::spawn(mock_buyer::start(listener, behaviour)?);
+        buyers.push((listener, behaviour));
         buyers_toml.push_str(&demo_buyer_toml(id, priority, &base, with_ping));
     }
-    let inbox_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let inbox = format!("http://{}", inbox_listener.local_addr()?);
-    actix_web::rt::spawn(demo_inbox::start(inbox_listener)?);
+    let inbox = TcpListener::bind("127.0.0.1:0")?;
     let notify_toml = format!(
-        "[[notify]]\nid = \"manager\"\nrole = \"manager\"\nurl = \"{inbox}/hook\"\ntimeout = \"3s\"\nrequired = true\nretry_backoff = \"5s\"\n"
+        "[[notify]]\nid = \"manager\"\nrole = \"manager\"\nurl = \"{}/hook\"\ntimeout = \"3s\"\nrequired = true\nretry_backoff = \"5s\"\n",
+        base_of(&inbox)?
     );
     let text = format!("{DEMO_CONFIG}\n{buyers_toml}\n{notify_toml}");
-    let settings = config::parse(&text, |name| std::env::var(name).ok())
-        .map_err(|problems| anyhow::anyhow!("demo configuration: {problems:?}"))?;
-    let token = settings
-        .server
-        .admin_token
-        .as_ref()
-        .map(|token| token.expose().to_string())
-        .unwrap_or_default();
-    let application = Application::build_with(settings, demo_routes).await?;
-    let base = format!("http://127.0.0.1:{}", application.port());
-    // The banner comes last, after the servers' start-up lines.
-    actix_web::rt::spawn(async move {
-        wait_until_serving(&base).await;
-        println!("\nleadrouter demo is running");
-        println!("  demo form:     {base}/demo");
-        println!("  manager inbox: {inbox}/   (stop it to watch a lead stay pending)");
-        println!("  status page:   {base}/status  (admin token for the review queue: {token})");
-        println!("  buyers:        curl -s -H 'Authorization: Bearer {token}' {base}/v1/buyers");
-        println!("  a lead by API: curl -s -X POST '{base}/v1/leads?source=website' -H 'Content-Type: application/json' -d '{{\"email\":\"ann@example.com\",\"phone\":\"555-010-9999\",\"state\":\"CA\"}}'");
-        println!("  leads (admin): curl -s -H 'Authorization: Bearer {token}' {base}/v1/leads");
-        println!("  review queue:  curl -s -H 'Authorization: Bearer {token}' {base}/v1/review");
-        println!("  release check: LEADROUTER_ADMIN_TOKEN={token} leadrouter verify-release --url {base} --source website");
-    });
-    application.run_until_stopped().await?;
-    Ok(())
+    let settings = config::parse(&text, |name| std::env::var(name).ok()).map_err(|problems| {
+        let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        anyhow::anyhow!("demo configuration: {}", listed.join("; "))
+    })?;
+    Ok(Demo {
+        settings,
+        buyers,
+        inbox,
+    })
+}
+
+impl Demo {
+    /// Starts the buyers, the inbox and the service, prints the banner,
+    /// and serves until stopped.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let inbox = base_of(&self.inbox)?;
+        for (listener, behaviour) in self.buyers {
+            actix_web::rt::spawn(mock_buyer::start(listener, behaviour)?);
+        }
+        actix_web::rt::spawn(demo_inbox::start(self.inbox)?);
+        let token = self
+            .settings
+            .server
+            .admin_token
+            .as_ref()
+            .map(|token| token.expose().to_string())
+            .unwrap_or_default();
+        let application = Application::build_with(self.settings, demo_routes).await?;
+        let base = format!("http://127.0.0.1:{}", application.port());
+        // The banner comes last, after the servers' start-up lines.
+        actix_web::rt::spawn(async move {
+            wait_until_serving(&base).await;
+            println!("\nleadrouter demo is running");
+            println!("  demo form:     {base}/demo");
+            println!("  manager inbox: {inbox}/   (stop it to watch a lead stay pending)");
+            println!("  status page:   {base}/status  (admin token for the review queue: {token})");
+            println!(
+                "  buyers:        curl -s -H 'Authorization: Bearer {token}' {base}/v1/buyers"
+            );
+            println!("  a lead by API: curl -s -X POST '{base}/v1/leads?source=website' -H 'Content-Type: application/json' -d '{{\"email\":\"ann@example.com\",\"phone\":\"555-010-9999\",\"state\":\"CA\"}}'");
+            println!("  leads (admin): curl -s -H 'Authorization: Bearer {token}' {base}/v1/leads");
+            println!(
+                "  review queue:  curl -s -H 'Authorization: Bearer {token}' {base}/v1/review"
+            );
+            println!("  release check: LEADROUTER_ADMIN_TOKEN={token} leadrouter verify-release --url {base} --source website");
+        });
+        application.run_until_stopped().await?;
+        Ok(())
+    }
+}
+
+/// The URL of a loopback server on `listener`.
+fn base_of(listener: &TcpListener) -> std::io::Result<String> {
+    Ok(format!("http://{}", listener.local_addr()?))
 }
 
 /// Waits until the service answers `/healthz` (a moment after it starts).

@@ -1,12 +1,13 @@
 //! The `leadrouter` command line (SPEC section 3): parses arguments and hands
 //! off to the library.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use leadrouter::config::{self, DEFAULT_CONFIG_PATH};
+use leadrouter::config::{self, LogFormat, Settings, DEFAULT_CONFIG_PATH};
 use leadrouter::startup::Application;
+use leadrouter::telemetry;
 
 /// mimalloc: glibc's malloc and free were a quarter of the service's CPU
 /// while routing.
@@ -109,24 +110,33 @@ impl ConfigArg {
 }
 
 fn main() -> ExitCode {
-    leadrouter::telemetry::init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::CheckConfig(arg) => return check_config(&arg.path()),
-        Command::Serve(arg) => run(serve(arg.path())),
-        Command::Migrate(arg) => run(migrate(arg.path())),
-        Command::Demo => run(leadrouter::demo::run()),
-        Command::Renormalize(args) => run(renormalize(args)),
-        Command::VerifyRelease(args) => run(leadrouter::verify_release::run(
-            leadrouter::verify_release::Check {
-                url: args.url,
-                source: args.source,
-                admin_token: args.admin_token,
-                api_key: args.api_key,
-                wait: args.wait,
-            },
-        )),
+        Command::Serve(arg) => configured(&arg.path()).and_then(|settings| run(serve(settings))),
+        Command::Migrate(arg) => {
+            configured(&arg.path()).and_then(|settings| run(migrate(settings)))
+        }
+        Command::Demo => leadrouter::demo::prepare().and_then(|demo| {
+            telemetry::init(demo.settings.log.format);
+            run(demo.run())
+        }),
+        Command::Renormalize(args) => configured(&args.config.path())
+            .and_then(|settings| run(renormalize(settings, args.source, args.since))),
+        Command::VerifyRelease(args) => {
+            telemetry::init(LogFormat::Text);
+            run(leadrouter::verify_release::run(
+                leadrouter::verify_release::Check {
+                    url: args.url,
+                    source: args.source,
+                    admin_token: args.admin_token,
+                    api_key: args.api_key,
+                    wait: args.wait,
+                },
+            ))
+        }
         Command::MockBuyer(args) => {
+            telemetry::init(LogFormat::Text);
             let behaviour = leadrouter::mock_buyer::Behaviour {
                 accept_rate: args.accept_rate,
                 latency: args.latency,
@@ -139,17 +149,25 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            telemetry::report_failure(&error);
             ExitCode::FAILURE
         }
     }
+}
+
+/// Loads the configuration, and starts the log in the format it names
+/// (before anything else logs: the subscriber is installed once).
+fn configured(path: &Path) -> anyhow::Result<Settings> {
+    let settings = config::load(path)?;
+    telemetry::init(settings.log.format);
+    Ok(settings)
 }
 
 fn run(future: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
     actix_web::rt::System::new().block_on(future)
 }
 
-fn check_config(path: &std::path::Path) -> ExitCode {
+fn check_config(path: &Path) -> ExitCode {
     match config::load(path) {
         Ok(settings) => {
             println!("{}", config::summary(path, &settings));
@@ -162,8 +180,7 @@ fn check_config(path: &std::path::Path) -> ExitCode {
     }
 }
 
-async fn serve(path: PathBuf) -> anyhow::Result<()> {
-    let settings = config::load(&path)?;
+async fn serve(settings: Settings) -> anyhow::Result<()> {
     let host = settings
         .server
         .listen
@@ -180,15 +197,17 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn renormalize(args: RenormalizeArgs) -> anyhow::Result<()> {
-    let settings = config::load(&args.config.path())?;
-    let report = leadrouter::renormalize::run(&settings, &args.source, args.since).await?;
-    println!("source {}: {report}", args.source);
+async fn renormalize(
+    settings: Settings,
+    source: String,
+    since: std::time::Duration,
+) -> anyhow::Result<()> {
+    let report = leadrouter::renormalize::run(&settings, &source, since).await?;
+    println!("source {source}: {report}");
     Ok(())
 }
 
-async fn migrate(path: PathBuf) -> anyhow::Result<()> {
-    let settings = config::load(&path)?;
+async fn migrate(settings: Settings) -> anyhow::Result<()> {
     let store = leadrouter::store::Store::connect(&settings.database).await?;
     store.migrate().await?;
     println!("migrations applied to {}", settings.database.display_url());

@@ -59,10 +59,10 @@ pub async fn reload(settings: &SharedSettings, tree: &Tree) -> Result<ReloadRepo
         .map_err(|error| ReloadError::Router(error.to_string()))?;
     settings.replace(fresh);
     tracing::info!(
-        added = ?report.buyers_added,
-        removed = ?report.buyers_removed,
-        changed = ?report.buyers_changed,
-        restart_needed = ?report.restart_needed,
+        added = report.buyers_added.join(","),
+        removed = report.buyers_removed.join(","),
+        changed = report.buyers_changed.join(","),
+        restart_needed = report.restart_needed.join(","),
         "configuration reloaded"
     );
     Ok(report)
@@ -99,7 +99,10 @@ async fn reload_each(
             Ok(_) => {}
             Err(ReloadError::Invalid(problems)) => {
                 let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();
-                tracing::error!(problems = ?listed, "SIGHUP: configuration refused; the running one is kept");
+                tracing::error!(
+                    problems = listed.join("; "),
+                    "SIGHUP: configuration refused; the running one is kept"
+                );
             }
             Err(error) => tracing::error!(%error, "SIGHUP: configuration not reloaded"),
         }
@@ -155,6 +158,7 @@ fn compare(running: &Settings, fresh: &Settings) -> ReloadReport {
         ),
         ("notify", differs(&running.notify, &fresh.notify)),
         ("events", differs(&running.events, &fresh.events)),
+        ("log", running.log.format != fresh.log.format),
     ] {
         if changed {
             restart_needed.push(section);

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use chrono::{DateTime, Utc};
+use tracing::Instrument;
 
 use super::supervision::{guarded, RestartLog};
 use crate::alerts::{AlertKind, Alerts};
@@ -34,6 +35,7 @@ use crate::config::{BuyerSettings, PayoutRule};
 use crate::domain::{AttemptKind, CallKind, CallOutcome, ClaimToken, LeadId, SkipReason};
 use crate::metrics::Metrics;
 use crate::store::{CapSlot, NewAttempt, Store, Unwritten, Written};
+use crate::telemetry;
 
 /// Idle connections are dropped before common server keep-alives (5 s)
 /// would close them under us: a post on a dead pooled connection would
@@ -66,6 +68,8 @@ pub struct OfferLead {
     /// A ping's answer is handed back unwritten (`CallReport::unwritten`),
     /// for the walk's next row.
     pub hold_answer: bool,
+    /// The lead's span (the walk's, a retry's): the attempt's is its child.
+    pub span: tracing::Span,
 }
 
 #[derive(Clone)]
@@ -254,6 +258,11 @@ impl Buyer {
         }
     }
 
+    /// The span of this offer's attempt, in its lead's.
+    fn attempt_span(&self, offer: &OfferLead, kind: &str) -> tracing::Span {
+        telemetry::attempt_span(&offer.span, &self.settings.id, kind)
+    }
+
     fn skip(&self, offer: &OfferLead, reason: SkipReason) -> ResponseActFuture<Self, Offered> {
         self.metrics.attempt(
             &self.settings.id,
@@ -262,17 +271,19 @@ impl Buyer {
         );
         let store = self.store.clone();
         let attempt = self.attempt(offer, AttemptKind::Skip);
+        let span = self.attempt_span(offer, AttemptKind::Skip.as_str());
         Box::pin(
             async move {
                 match store.record_skip(attempt, reason).await {
                     Ok(Written::Fenced) => Offered::Fenced,
                     Ok(_) => Offered::Skipped(reason),
                     Err(error) => {
-                        tracing::error!(%error, "could not record a skip");
+                        tracing::error!(%error, reason = reason.as_str(), "could not record a skip");
                         Offered::Skipped(reason)
                     }
                 }
             }
+            .instrument(span)
             .into_actor(self),
         )
     }
@@ -514,11 +525,12 @@ impl Handler<OfferLead> for Buyer {
             patience: self.settings.queue_timeout,
             taken: Box::new(move || address.do_send(SlotTaken)),
         };
+        let span = self.attempt_span(&offer, kind.as_str());
         let Some(plan) = self.plan(offer, slot, inject_panic) else {
             self.breaker.cancel(admission);
             return Box::pin(actix::fut::ready(Offered::NotRecorded));
         };
-        let call = make_call(self.store.clone(), self.metrics.clone(), plan);
+        let call = make_call(self.store.clone(), self.metrics.clone(), plan).instrument(span);
         Box::pin(
             guarded::<Buyer, _>("buyer", call).map(move |offered, buyer, ctx| {
                 let Some(offered) = offered else {

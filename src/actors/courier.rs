@@ -21,6 +21,7 @@ use dashmap::DashMap;
 use entity::lead;
 use sea_orm::{ColumnTrait, Condition};
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use super::supervision::{guarded, RestartLog};
 use crate::alerts::{AlertKind, Alerts};
@@ -28,6 +29,7 @@ use crate::config::SharedSettings;
 use crate::domain::{CallOutcome, ConfigSnapshot, LeadState};
 use crate::notify::{self, Destination, SaleFacts, Transport};
 use crate::store::{AfterFailure, DeliveryAnswer, DeliveryTarget, HeldDelivery, Store};
+use crate::telemetry;
 
 /// The event sent once a lead's contract is accepted.
 const ACCEPTED: &str = "lead.accepted";
@@ -296,6 +298,8 @@ impl Courier {
         };
         self.in_flight += 1;
         self.publish(|health| health.in_flight += 1);
+        let lead = telemetry::lead_span(&held.lead.id, &held.lead.source_id);
+        let span = telemetry::attempt_span(&lead, &target.channel, target.kind.as_str());
         let delivery = OneDelivery {
             environment: self.environment.clone(),
             destination: self.destination.clone(),
@@ -303,8 +307,9 @@ impl Courier {
             target,
             held,
         };
-        ctx.spawn(guarded::<Self, _>("courier", delivery.run(transport)).map(
-            |confirmed, courier, ctx| {
+        let delivery = delivery.run(transport).instrument(span);
+        ctx.spawn(
+            guarded::<Self, _>("courier", delivery).map(|confirmed, courier, ctx| {
                 courier.in_flight = courier.in_flight.saturating_sub(1);
                 let now = Utc::now();
                 courier.publish(|health| {
@@ -322,8 +327,8 @@ impl Courier {
                 });
                 // A slot is free: more may be due.
                 courier.pump(false, ctx);
-            },
-        ));
+            }),
+        );
     }
 
     fn publish(&self, change: impl FnOnce(&mut ChannelHealth)) {
@@ -540,7 +545,10 @@ impl OneDelivery {
             )
             .await
         {
-            Ok(id) => id,
+            Ok(id) => {
+                telemetry::record_attempt_id(&id);
+                id
+            }
             Err(error) => {
                 // Not sent: the row's lease runs out and it is tried again.
                 tracing::warn!(lead_id = %lead.id, channel, %error, "delivery not recorded, so not sent");
@@ -560,12 +568,10 @@ impl OneDelivery {
             return self.failed(&attempt_id, not_sent(late)).await;
         }
         let answer = transport.send(prepared, self.destination.timeout()).await;
+        // The lead, channel, kind and outcome are the span's.
+        telemetry::record_answer(answer.outcome, answer.duration);
         tracing::info!(
-            lead_id = %lead.id,
-            channel,
-            kind = self.target.kind.as_str(),
-            event = self.target.event.as_deref().unwrap_or_default(),
-            outcome = answer.outcome.as_str(),
+            event = %self.target.event.as_deref().unwrap_or_default(),
             status = answer.http_status,
             "delivery tried"
         );

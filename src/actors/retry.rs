@@ -23,6 +23,7 @@ use crate::domain::{
     AttemptKind, AttemptOutcome, CallKind, CallOutcome, ClaimToken, LeadId, LeadState,
 };
 use crate::store::{HeldLead, LeadEnd};
+use crate::telemetry;
 
 /// Replay this attempt; answers the new attempt row.
 #[derive(Message)]
@@ -201,6 +202,7 @@ pub async fn replay(routing: &RoutingContext, held: Held) -> Result<attempt::Mod
             }),
             answered: None,
             hold_answer: false,
+            span: telemetry::lead_span(&lead_id, &held.lead.source_id),
         })
         .await;
     let (end, failure) = match &offered {

@@ -191,6 +191,7 @@ impl<'a> Walk<'a> {
             retry: None,
             answered: None,
             hold_answer: false,
+            span: tracing::Span::current(),
         }
     }
 

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use entity::{attempt, lead};
+use tracing::Instrument;
 
 use super::directory::BuyerDirectory;
 use super::supervision::guarded;
@@ -33,6 +34,7 @@ use crate::clock::Clock;
 use crate::config::{buyer_from_snapshot, RoutingMode, SharedSettings};
 use crate::domain::{AttemptKind, AttemptOutcome, CallOutcome, ClaimToken, LeadId, LeadState};
 use crate::store::{is_unreachable, ClaimedLead, FailurePolicy, LeadEnd, SaleOf, Store};
+use crate::telemetry;
 
 /// Everything a waterfall needs, shared by all of them.
 pub struct RoutingContext {
@@ -99,6 +101,19 @@ pub enum WalkEnd {
     Lost,
 }
 
+/// As the log shows it: the state the lead is let go in (`received` again
+/// after a failure of ours, whose reason is logged where it happened).
+impl std::fmt::Display for WalkEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::LetGo(LeadEnd::State(state)) => state.as_str(),
+            Self::LetGo(LeadEnd::Failed { .. }) => "failed",
+            Self::Settled => "sold",
+            Self::Lost => "claim lost",
+        })
+    }
+}
+
 pub struct Waterfall {
     lead_id: LeadId,
     /// The lead and its history as claimed (taken when the walk starts).
@@ -141,20 +156,20 @@ impl Actor for Waterfall {
             return;
         };
         let routing = self.routing.clone();
-        let (lead_id, token) = (self.lead_id.clone(), self.claim_token.clone());
+        let token = self.claim_token.clone();
         let failures_before = self.failures_before.clone();
-        ctx.spawn(
-            guarded::<Self, _>("waterfall", async move {
-                let span = tracing::info_span!("lead", %lead_id);
-                let end = route(&routing, claimed, &token, &failures_before).await;
-                span.in_scope(|| tracing::info!(end = ?end, "walk ended"));
-                end
-            })
-            .map(|end, waterfall, ctx| {
+        let span = telemetry::lead_span(&claimed.row.id, &claimed.row.source_id);
+        let walk = async move {
+            let end = route(&routing, claimed, &token, &failures_before).await;
+            tracing::info!(%end, "walk ended");
+            end
+        };
+        ctx.spawn(guarded::<Self, _>("waterfall", walk.instrument(span)).map(
+            |end, waterfall, ctx| {
                 waterfall.end = end;
                 ctx.stop()
-            }),
-        );
+            },
+        ));
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {

@@ -22,6 +22,7 @@ use crate::config::{BuyerSettings, PayoutRule};
 use crate::domain::{AttemptKind, CallKind, CallOutcome, SkipReason};
 use crate::metrics::Metrics;
 use crate::store::{AttemptEnd, Begun, CapSlot, NewAttempt, SaleOf, Store, Unwritten, Written};
+use crate::telemetry;
 
 /// What became of an offer.
 #[derive(Debug, Clone)]
@@ -148,19 +149,15 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
         panic!("injected fault: buyer {} panics during a call", settings.id);
     }
     taken();
-    let span = tracing::info_span!("attempt", %lead_id, buyer_id = %settings.id, kind = kind.as_str(), %attempt_id);
     let answer = exchange(&client, kind, &request, timeout, &check).await;
     drop(slot);
     metrics.attempt(&settings.id, kind.as_str(), answer.outcome.as_str());
-    span.in_scope(|| {
-        tracing::info!(
-            outcome = answer.outcome.as_str(),
-            status = answer.http_status,
-            latency_ms = answer.duration.as_millis() as u64,
-            detail = answer.detail.as_deref(),
-            "buyer answered"
-        )
-    });
+    telemetry::record_answer(answer.outcome, answer.duration);
+    tracing::info!(
+        status = answer.http_status,
+        detail = answer.detail.as_deref(),
+        "buyer answered"
+    );
     let mut report = report_of(&settings, kind, attempt_id, &answer);
     let end = AttemptEnd {
         outcome: answer.outcome,
@@ -202,7 +199,7 @@ pub async fn make_call(store: Store, metrics: Metrics, plan: CallPlan) -> Offere
     match recorded {
         Ok(Written::Done) => Offered::Called(report),
         Ok(written) => {
-            tracing::warn!(%lead_id, ?written, "the answer was not recorded: recovery had settled the call");
+            tracing::warn!(%lead_id, written = written.as_str(), "the answer was not recorded: recovery had settled the call");
             Offered::Unrecorded(report)
         }
         Err(error) => {
@@ -222,7 +219,10 @@ async fn begin(
 ) -> Result<(String, Vec<CapSlot>), Offered> {
     let lead_id = attempt.lead_id.clone();
     match store.begin_attempt(attempt).await {
-        Ok(Begun::Call(id, cap_slots)) => Ok((id, cap_slots)),
+        Ok(Begun::Call(id, cap_slots)) => {
+            telemetry::record_attempt_id(&id);
+            Ok((id, cap_slots))
+        }
         Ok(Begun::Fenced) => Err(Offered::Fenced),
         Ok(Begun::Capped) => {
             let reason = SkipReason::Capped;
@@ -287,7 +287,7 @@ async fn sell(store: &Store, report: CallReport, end: AttemptEnd, sale: SaleOf<'
             return Offered::Sold(report);
         }
         Ok(written) => {
-            tracing::warn!(%lead_id, ?written, "accepted post not recorded: recovery had settled it");
+            tracing::warn!(%lead_id, written = written.as_str(), "accepted post not recorded: recovery had settled it");
             return Offered::Unrecorded(report);
         }
         Err(error) => {

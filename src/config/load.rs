@@ -13,10 +13,11 @@ use crate::domain::ConfigSnapshot;
 pub const DEFAULT_CONFIG_PATH: &str = "config/leadrouter.toml";
 
 /// Each override replaces one key, after interpolation (SPEC section 3).
-const ENV_OVERRIDES: [(&str, &str, &str); 3] = [
+const ENV_OVERRIDES: [(&str, &str, &str); 4] = [
     ("DATABASE_URL", "database", "url"),
     ("LEADROUTER_ADMIN_TOKEN", "server", "admin_token"),
     ("LEADROUTER_LISTEN", "server", "listen"),
+    ("LEADROUTER_LOG_FORMAT", "log", "format"),
 ];
 
 /// Deserialisation is retried after dropping each offending key, so one run

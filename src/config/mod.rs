@@ -66,6 +66,8 @@ pub struct Settings {
     pub supervision: SupervisionSettings,
     #[serde(default)]
     pub faults: FaultSettings,
+    #[serde(default)]
+    pub log: LogSettings,
     /// The file these settings came from (for reloads); not a key.
     #[serde(skip)]
     pub source_path: Option<PathBuf>,
@@ -126,6 +128,25 @@ pub struct FaultSettings {
     /// Buyer id -> how many of that buyer's half-open probes panic the
     /// same way (a probe lost to a crash must not keep the circuit half-open).
     pub probe_panics: BTreeMap<String, u32>,
+}
+
+/// How the log on stderr is written (SPEC section 8); read once at start.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSettings {
+    pub format: LogFormat,
+}
+
+/// `[log] format`: lines for people, or one JSON object per line for log
+/// shippers.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Coloured only when stderr is a terminal.
+    #[default]
+    Text,
+    /// Timestamp, level, target, message, fields and the spans' fields.
+    Json,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -390,7 +390,7 @@ async fn contract_for(state: &AppState, lead: NewLead) -> Contract {
             tracing::info!(
                 lead_id = %contract.submission_id,
                 %source,
-                state = ?contract.lead_state,
+                state = %contract.lead_state.map_or("pending", LeadState::as_str),
                 replayed = contract.replayed,
                 "lead stored"
             );

@@ -103,6 +103,19 @@ pub enum Written {
     AlreadySold,
 }
 
+impl Written {
+    /// As the log shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Done => "done",
+            Self::Fenced => "fenced",
+            Self::Capped => "capped",
+            Self::Stale => "stale",
+            Self::AlreadySold => "already_sold",
+        }
+    }
+}
+
 type Request = (AttemptWrite, oneshot::Sender<Result<Written, String>>);
 
 #[derive(Debug, Clone)]

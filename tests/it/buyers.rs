@@ -312,7 +312,7 @@ impl BuyerConfig<'_> {
 pub fn example_buyer(base: &str) -> leadrouter::config::BuyerSettings {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/example.toml"))
         .unwrap();
-    let overrides = ["DATABASE_URL", "LEADROUTER_LISTEN"];
+    let overrides = ["DATABASE_URL", "LEADROUTER_LISTEN", "LEADROUTER_LOG_FORMAT"];
     let settings = leadrouter::config::parse(&text, |name| {
         (!overrides.contains(&name)).then(|| format!("test-{name}"))
     })

@@ -12,6 +12,7 @@ fn check_config(text: &str, env: &[(&str, &str)]) -> (bool, String, String) {
         .env_remove("DATABASE_URL")
         .env_remove("LEADROUTER_ADMIN_TOKEN")
         .env_remove("LEADROUTER_LISTEN")
+        .env_remove("LEADROUTER_LOG_FORMAT")
         .envs(env.iter().copied())
         .output()
         .unwrap();
@@ -75,6 +76,26 @@ fn a_missing_variable_is_reported_and_a_set_one_passes() {
         !stdout.contains("s3cret-value"),
         "secrets never printed: {stdout}"
     );
+}
+
+#[test]
+fn a_log_format_other_than_text_or_json_is_rejected_with_its_key_path() {
+    let (ok, _, stderr) = check_config("[log]\nformat = \"xml\"\n", &[]);
+    assert!(!ok, "check-config must exit non-zero");
+    assert!(
+        stderr.contains("log.format: unknown variant `xml`, expected `text` or `json`"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = check_config("", &[("LEADROUTER_LOG_FORMAT", "yaml")]);
+    assert!(!ok, "the environment's override is checked too");
+    assert!(
+        stderr.contains("log.format: unknown variant `yaml`"),
+        "{stderr}"
+    );
+    for format in ["text", "json"] {
+        let (ok, stdout, stderr) = check_config(&format!("[log]\nformat = \"{format}\"\n"), &[]);
+        assert!(ok, "{format}: {stdout}{stderr}");
+    }
 }
 
 #[test]

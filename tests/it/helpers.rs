@@ -146,7 +146,7 @@ async fn spawn_app_on(
     extra: &str,
     adjust: impl FnOnce(&mut Settings),
 ) -> TestApp {
-    leadrouter::telemetry::init();
+    leadrouter::telemetry::init(leadrouter::config::LogFormat::Text);
     let mut settings = test_settings(extra);
     adjust(&mut settings);
     settings.database.url = config::Secret::new(database_url.to_string());

@@ -18,6 +18,7 @@ mod form_helper;
 mod group_commit;
 mod intake;
 mod intake_batches;
+mod logs;
 mod notify;
 mod reads;
 mod recovery;

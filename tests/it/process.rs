@@ -107,6 +107,8 @@ pub struct Service {
     child: Child,
     pub app: TestApp,
     log: Arc<Mutex<String>>,
+    /// What it wrote to stderr alone: the log, without stdout's lines.
+    stderr: Arc<Mutex<String>>,
 }
 
 impl Service {
@@ -125,13 +127,18 @@ impl Service {
             .spawn()
             .expect("leadrouter binary starts");
         let log = Arc::new(Mutex::new(String::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
         let address = Arc::new(Mutex::new(None));
         collect_lines(
             child.stdout.take().unwrap(),
-            log.clone(),
+            vec![log.clone()],
             Some(address.clone()),
         );
-        collect_lines(child.stderr.take().unwrap(), log.clone(), None);
+        collect_lines(
+            child.stderr.take().unwrap(),
+            vec![log.clone(), stderr.clone()],
+            None,
+        );
         let mut exited = None;
         wait_until("leadrouter to listen", Duration::from_secs(60), || {
             exited = child.try_wait().ok().flatten();
@@ -151,6 +158,7 @@ impl Service {
             child,
             app: TestApp::at(address, store),
             log,
+            stderr,
         }
     }
 
@@ -195,6 +203,11 @@ impl Service {
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
+
+    /// What the process wrote to stderr so far (its log).
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
 }
 
 impl Drop for Service {
@@ -204,11 +217,11 @@ impl Drop for Service {
     }
 }
 
-/// Copies a child's output into `log` on a thread of its own; the line that
-/// says where the service listens fills `address`.
+/// Copies a child's output into each of `logs` on a thread of its own;
+/// the line that says where the service listens fills `address`.
 fn collect_lines(
     output: impl Read + Send + 'static,
-    log: Arc<Mutex<String>>,
+    logs: Vec<Arc<Mutex<String>>>,
     address: Option<Arc<Mutex<Option<String>>>>,
 ) {
     std::thread::spawn(move || {
@@ -219,9 +232,11 @@ fn collect_lines(
             {
                 *address.lock().unwrap() = Some(url.trim().to_string());
             }
-            let mut log = log.lock().unwrap();
-            log.push_str(&line);
-            log.push('\n');
+            for log in &logs {
+                let mut log = log.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
         }
     });
 }
