@@ -18,8 +18,9 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{timeout_at, Instant};
 
 use super::directory::BuyerHandle;
+use super::routing_context::{RouteError, WalkEnd};
 use super::walk::Walk;
-use super::waterfall::{kind_of, outcome_of, RouteError, WalkEnd};
+use super::waterfall::{kind_of, outcome_of};
 use crate::buyer::recorded_call::Offered;
 use crate::buyer::request::PingResult;
 use crate::domain::{AttemptKind, AttemptOutcome, CallKind, CallOutcome, SkipReason};

@@ -29,11 +29,10 @@ use super::router::RouteLeads;
 use super::supervision::{guarded, RestartLog};
 use super::yielding::IntakeDelay;
 use crate::alerts::{AlertKind, Alerts};
+use crate::config::DuplicateRule;
 use crate::domain::{Contract, LeadId, LeadState};
 use crate::spool::{Spool, SpooledLead};
-use crate::store::{
-    contract_of_row, is_unreachable, DuplicateRule, NewLead, PersistOutcome, Store,
-};
+use crate::store::{contract_of_row, is_unreachable, NewLead, PersistOutcome, Store};
 
 /// Most leads written in one transaction.
 const MAX_BATCH: usize = 512;

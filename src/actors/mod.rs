@@ -32,6 +32,7 @@ mod intake;
 mod overseer;
 pub mod retry;
 pub mod router;
+pub mod routing_context;
 pub mod supervision;
 mod walk;
 pub mod waterfall;

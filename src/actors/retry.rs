@@ -15,7 +15,7 @@ use entity::{attempt, lead};
 
 use super::buyer::{OfferLead, Retry};
 use super::directory::BuyerHandle;
-use super::waterfall::RoutingContext;
+use super::routing_context::RoutingContext;
 use crate::buyer::recorded_call::Offered;
 use crate::buyer::request::{LeadOffer, PingResult};
 use crate::config::{buyer_from_snapshot, BuyerSettings};

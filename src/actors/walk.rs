@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::buyer::OfferLead;
 use super::directory::BuyerHandle;
-use super::waterfall::{RouteError, RoutingContext, WalkEnd};
+use super::routing_context::{RouteError, RoutingContext, WalkEnd};
 use crate::alerts::AlertKind;
 use crate::buyer::recorded_call::{CallReport, Offered};
 use crate::buyer::request::{LeadOffer, PingResult};

@@ -250,12 +250,20 @@ impl Settings {
     }
 
     /// How same-person duplicates are found (`intake.duplicate_*`).
-    pub fn duplicate_rule(&self) -> crate::store::DuplicateRule {
-        crate::store::DuplicateRule {
+    pub fn duplicate_rule(&self) -> DuplicateRule {
+        DuplicateRule {
             window: self.intake.duplicate_window,
             keys: self.intake.duplicate_keys.clone(),
         }
     }
+}
+
+/// How same-person duplicates are found (`intake.duplicate_*`), as the
+/// store applies it.
+#[derive(Debug, Clone)]
+pub struct DuplicateRule {
+    pub window: Duration,
+    pub keys: Vec<String>,
 }
 
 impl Default for IntakeSettings {

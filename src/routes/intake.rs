@@ -14,7 +14,6 @@ use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
 
 use super::error::ErrorBody;
-use super::openapi::{BatchRequest, BatchResult};
 use super::{form_page, secrets_equal, ApiError, AppState};
 use crate::actors::{IntakeError, SubmitLead};
 use crate::config::{Settings, SourceKind, SourceSettings};
@@ -23,6 +22,25 @@ use crate::domain::{
     Contract, LeadState, RequestMeta,
 };
 use crate::store::{contract_of_row, NewLead};
+
+/// `POST /v1/leads/batch`'s body. (The handler reads each lead as raw JSON
+/// so its bytes are kept exactly; this type only describes the shape.)
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct BatchRequest {
+    #[schema(value_type = Vec<Object>)]
+    leads: Vec<Value>,
+}
+
+/// One lead's answer in a batch: its contract, or an error object for a lead
+/// over `server.max_body_bytes`. (Describes the JSON the handler builds.)
+#[derive(serde::Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(untagged)]
+pub enum BatchResult {
+    Contract(Contract),
+    Error(ErrorBody),
+}
 
 /// Most leads in one batch request (SPEC section 5).
 const MAX_BATCH_LEADS: usize = 1000;

@@ -4,12 +4,10 @@
 //! it holds no secrets.
 
 use actix_web::HttpResponse;
-use serde_json::Value;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 
 use super::{admin, buyers, health, intake, leads, report, spool, status, status_page};
-use crate::domain::Contract;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -60,25 +58,6 @@ impl Modify for AdminToken {
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
     }
-}
-
-/// `POST /v1/leads/batch`'s body. (The handler reads each lead as raw JSON
-/// so its bytes are kept exactly; this type only describes the shape.)
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct BatchRequest {
-    #[schema(value_type = Vec<Object>)]
-    leads: Vec<Value>,
-}
-
-/// One lead's answer in a batch: its contract, or an error object for a lead
-/// over `server.max_body_bytes`. (Describes the JSON the handler builds.)
-#[derive(serde::Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(untagged)]
-pub enum BatchResult {
-    Contract(Contract),
-    Error(super::error::ErrorBody),
 }
 
 /// This description.

@@ -2,7 +2,6 @@
 //! dedupe, same-person matching, and the reads behind the lead endpoints.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use entity::{attempt, intake_log, lead, lead_alias, sale};
@@ -15,6 +14,7 @@ use sea_orm::{
 use serde_json::{Map, Value};
 
 use super::{batch_statement, person, Store};
+use crate::config::DuplicateRule;
 use crate::domain::{Contract, FieldError, LeadState};
 
 /// A lead as intake built it, before the database has seen it (and as the
@@ -38,13 +38,6 @@ pub struct NewLead {
     /// `accepted` as soon as it is stored.
     #[serde(default)]
     pub accept_on_store: bool,
-}
-
-/// How same-person duplicates are found (`intake.duplicate_*`).
-#[derive(Debug, Clone)]
-pub struct DuplicateRule {
-    pub window: Duration,
-    pub keys: Vec<String>,
 }
 
 /// What the database made of one submitted lead.

@@ -36,7 +36,7 @@ pub use deliveries::{
     AfterFailure, ConfirmEffect, DeliveryAnswer, DeliveryBacklog, DeliveryState, DeliveryTarget,
     HeldDelivery,
 };
-pub use leads::{contract_of_row, DuplicateRule, LeadFilter, LeadPage, NewLead, PersistOutcome};
+pub use leads::{contract_of_row, LeadFilter, LeadPage, NewLead, PersistOutcome};
 pub use loopback_tls::plain_on_loopback;
 pub use operations::OperationError;
 pub use report::{Money, ReportBy, ReportRow};

@@ -13,7 +13,8 @@ use sea_orm::{
 };
 use serde_json::{Map, Value};
 
-use super::{caps, person, DuplicateRule, Store};
+use super::{caps, person, Store};
+use crate::config::DuplicateRule;
 use crate::domain::{new_id, AttemptKind, AttemptOutcome, CallOutcome, FieldError, LeadState};
 
 /// Why an operator's change was not made.

@@ -17,7 +17,7 @@ use sea_orm::{
 };
 use serde_json::Value;
 
-use super::DuplicateRule;
+use crate::config::DuplicateRule;
 use crate::domain::LeadState;
 
 /// Key rows per INSERT (modest statements, as `leads::STATEMENT_BYTES`).

@@ -454,7 +454,7 @@ pub async fn stored_leads(store: &Store, count: usize) -> Vec<leadrouter::domain
             accept_on_store: true,
         })
         .collect();
-    let rule = leadrouter::store::DuplicateRule {
+    let rule = leadrouter::config::DuplicateRule {
         window: Duration::ZERO,
         keys: Vec::new(),
     };

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use entity::{intake_log, person_key};
 use futures_util::future::join_all;
-use leadrouter::store::{DuplicateRule, NewLead, PersistOutcome};
+use leadrouter::config::DuplicateRule;
+use leadrouter::store::{NewLead, PersistOutcome};
 use sea_orm::EntityTrait;
 use serde_json::json;
 
