@@ -19,6 +19,7 @@ mod group_commit;
 mod intake;
 mod intake_batches;
 mod notify;
+mod rate_limits;
 mod reads;
 mod recovery;
 mod release;
