@@ -20,7 +20,7 @@
 //! - [`reload`]: configuration reload (admin endpoint and SIGHUP).
 //! - [`routes`]: the HTTP API, one module per resource.
 //! - [`metrics`]: the `/metrics` counters, histogram and gauges.
-//! - [`rate_limit`]: token buckets per source and client IP.
+//! - [`rate_limit`]: token buckets per source and client IP, a bounded table.
 //! - [`telemetry`]: tracing set-up (text or JSON on stderr) and the lead
 //!   and attempt spans.
 //! - [`threads`]: names the service's threads; routing's yield the CPU to intake's.

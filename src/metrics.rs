@@ -2,7 +2,8 @@
 //! intake by outcome and its latency histogram, attempts by buyer, kind and
 //! outcome, circuit transitions, intake's waiting leads, routing's width
 //! (see `actors::yielding`), and, read at scrape time, each buyer's circuit
-//! state, leads by state and the spool backlog. Labels carry ids and
+//! state, leads by state, the spool backlog and the addresses the rate
+//! limiter holds. Labels carry ids and
 //! outcomes only, never personal data.
 
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::buyer::breaker::CircuitState;
+use crate::rate_limit::MAX_ADDRESSES;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
@@ -59,6 +61,7 @@ struct Inner {
     circuit_state: Family<BuyerLabel, Gauge>,
     leads: Family<StateLabel, Gauge>,
     spool_pending: Gauge,
+    rate_limit_addresses: Gauge,
     intake_pending: Gauge,
     routing_width: Gauge,
     routing_widest: Gauge,
@@ -70,6 +73,8 @@ pub struct Snapshot {
     /// Leads by state; `None` while the database is unreachable.
     pub leads: Option<Vec<(String, u64)>>,
     pub spool_pending: usize,
+    /// Client addresses with a rate-limit bucket.
+    pub rate_limit_addresses: usize,
 }
 
 impl Default for Metrics {
@@ -114,6 +119,14 @@ impl Default for Metrics {
             "Leads waiting in the spool for the database",
             spool_pending.clone(),
         );
+        let rate_limit_addresses = Gauge::default();
+        registry.register(
+            "rate_limit_addresses",
+            format!(
+                "Client addresses the rate limiter holds a bucket for: at most {MAX_ADDRESSES}, the least recently seen making room for a new one"
+            ),
+            rate_limit_addresses.clone(),
+        );
         let intake_pending = Gauge::default();
         registry.register(
             "intake_pending",
@@ -142,6 +155,7 @@ impl Default for Metrics {
                 circuit_state,
                 leads,
                 spool_pending,
+                rate_limit_addresses,
                 intake_pending,
                 routing_width,
                 routing_widest,
@@ -227,9 +241,8 @@ impl Metrics {
                 .get_or_create(&StateLabel { state })
                 .set(i64::try_from(count).unwrap_or(i64::MAX));
         }
-        inner
-            .spool_pending
-            .set(i64::try_from(snapshot.spool_pending).unwrap_or(i64::MAX));
+        set_count(&inner.spool_pending, snapshot.spool_pending);
+        set_count(&inner.rate_limit_addresses, snapshot.rate_limit_addresses);
         let mut text = String::new();
         if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &inner.registry) {
             tracing::error!(%error, "metrics could not be encoded");

@@ -31,6 +31,7 @@ pub struct Application {
     tree: Tree,
     escalation: Escalation,
     shutdown_grace: std::time::Duration,
+    limiter: Arc<RateLimiter>,
 }
 
 /// Why the service stops.
@@ -77,11 +78,12 @@ impl Application {
         let grace = settings.server.shutdown_grace;
         let settings = SharedSettings::new(settings);
         let tree = Overseer::start(&settings, instance_id, services);
+        let limiter = Arc::new(RateLimiter::default());
         let state = web::Data::new(AppState {
             settings,
             store: store.clone(),
             tree: tree.clone(),
-            limiter: RateLimiter::default(),
+            limiter: limiter.clone(),
             metrics,
             figures: Default::default(),
         });
@@ -106,6 +108,7 @@ impl Application {
             tree,
             escalation,
             shutdown_grace: grace,
+            limiter,
         })
     }
 
@@ -120,6 +123,12 @@ impl Application {
 
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The rate limiter the server's requests go through (tests drive a
+    /// flood through it without a request per address).
+    pub fn limiter(&self) -> &Arc<RateLimiter> {
+        &self.limiter
     }
 
     /// Serves until SIGTERM / ctrl-c, an exceeded restart intensity, or a

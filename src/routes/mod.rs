@@ -40,7 +40,7 @@ pub struct AppState {
     pub settings: SharedSettings,
     pub store: Store,
     pub tree: Tree,
-    pub limiter: RateLimiter,
+    pub limiter: Arc<RateLimiter>,
     pub metrics: Metrics,
     /// What `/v1/status` and `/metrics` read, at most once a second.
     pub figures: FiguresCache,

@@ -172,6 +172,7 @@ pub async fn metrics(
         circuits,
         leads,
         spool_pending: state.tree.spool.pending(),
+        rate_limit_addresses: state.limiter.addresses(),
     });
     Ok(HttpResponse::Ok()
         .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")

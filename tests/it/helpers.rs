@@ -2,11 +2,13 @@
 //! PostgreSQL, dropped afterwards), an HTTP client, `wait_until`, and
 //! `lines_of` a child process's output.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use std::future::Future;
 
 use leadrouter::config::{self, Settings};
+use leadrouter::rate_limit::RateLimiter;
 use leadrouter::startup::Application;
 use leadrouter::store::Store;
 
@@ -97,6 +99,9 @@ pub struct TestApp {
     pub client: awc::Client,
     /// The configuration file (in-process apps), for reload tests.
     pub config_path: Option<std::path::PathBuf>,
+    /// The rate limiter of an in-process app, for floods too large to send
+    /// as requests.
+    pub limiter: Option<Arc<RateLimiter>>,
     _database: Option<TestDatabase>,
     _files: Option<tempfile::TempDir>,
 }
@@ -160,11 +165,13 @@ async fn spawn_app_on(
     let application = Application::build(settings).await.expect("app builds");
     let address = format!("http://127.0.0.1:{}", application.port());
     let store = application.store().clone();
+    let limiter = application.limiter().clone();
     OPEN_STORES.with(|stores| stores.borrow_mut().push(store.clone()));
     actix_web::rt::spawn(application.run_until_stopped());
     TestApp {
         _files: Some(files),
         config_path: Some(config_path),
+        limiter: Some(limiter),
         ..TestApp::at(address, store)
     }
 }
@@ -192,6 +199,7 @@ impl TestApp {
                 .disable_redirects()
                 .finish(),
             config_path: None,
+            limiter: None,
             _database: None,
             _files: None,
         }

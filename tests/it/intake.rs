@@ -732,7 +732,7 @@ async fn nested_partner_feeds_are_mapped_by_dotted_paths_or_pass_through_flatten
 }
 
 /// A form lead for `c{n}@example.com`, as forwarded for `client`.
-async fn send_forwarded(
+pub(crate) async fn send_forwarded(
     app: &crate::helpers::TestApp,
     client: &str,
     n: usize,

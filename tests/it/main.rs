@@ -20,6 +20,7 @@ mod intake;
 mod intake_batches;
 mod logs;
 mod notify;
+mod rate_limits;
 mod reads;
 mod recovery;
 mod release;
