@@ -4,14 +4,18 @@
 //! keeps the lead `pending` and safe while it is still sold; a replay after
 //! it recovers delivers exactly once; two instances never notify one lead
 //! twice; events are sent once each and `lead.accepted` never for a
-//! pending lead; Slack, Telegram and SMTP channels deliver to real servers.
+//! pending lead; Slack, Telegram and SMTP channels deliver to real servers;
+//! leads drained from the spool long after they arrived, more than a page
+//! of them at once, are each delivered and announced once.
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
-use crate::helpers::{spawn_app_with, spawn_instance_of, wait_until, Backend, TestApp};
+use crate::helpers::{
+    new_leads, spawn_app_adjusted, spawn_app_with, spawn_instance_of, wait_until, Backend, TestApp,
+};
 use crate::inbox::{Reply, TestInbox, TestSmtp};
 use crate::on_both_databases;
 
@@ -25,6 +29,7 @@ on_both_databases!(
     events_are_sent_once_each_and_never_accepted_for_a_pending_lead,
     unsold_and_unknown_leads_are_announced,
     slack_telegram_and_email_channels_deliver_readable_messages,
+    leads_drained_after_a_long_outage_are_each_notified_and_announced_once,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -650,4 +655,76 @@ to = ["sales@example.com"]
     let view = app.lead(&id).await.to_string();
     assert!(!view.contains("slack-secret-path"), "{view}");
     assert!(!view.contains("telegram-secret-token"), "{view}");
+}
+
+/// How many times `inbox` confirmed a request about each lead.
+fn confirmations_per_lead(inbox: &TestInbox) -> std::collections::HashMap<String, usize> {
+    let mut counts = std::collections::HashMap::new();
+    for call in inbox.received() {
+        if (200..300).contains(&call.answered) {
+            let lead_id = call.json()["lead_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            *counts.entry(lead_id).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// An outage longer than every planning window of the couriers: leads
+/// received two days ago, more than a page (500) of them, wait in one
+/// spool journal and are drained at once when the app starts. They are one
+/// person sent again and again (a form bot looping through the outage):
+/// the duplicates are not routed, so nothing after the drain changes them.
+/// Each is delivered to the (not required) manager channel and announced
+/// `lead.accepted` exactly once.
+async fn leads_drained_after_a_long_outage_are_each_notified_and_announced_once(backend: Backend) {
+    use leadrouter::domain::Contract;
+    use leadrouter::spool::{Spool, SpooledLead};
+
+    const DRAINED: usize = 520;
+    let manager = TestInbox::start(Reply::ok());
+    let sink = TestInbox::start(Reply::ok());
+    let config = format!(
+        "{}\n[[events]]\nid = \"analytics\"\nurl = \"{}/events\"\non = [\"lead.accepted\"]\n",
+        manager_channel(&manager)
+            .replace("required = true", "required = false\nmax_concurrency = 16"),
+        sink.base
+    );
+    let two_days_ago = chrono::Utc::now() - chrono::Duration::days(2);
+    let spooled: Vec<SpooledLead> = new_leads(DRAINED, two_days_ago)
+        .into_iter()
+        .map(|mut lead| {
+            lead.fields["email"] = json!("looping@example.com");
+            lead
+        })
+        .map(|lead| SpooledLead {
+            contract: Contract::spooled(lead.id.clone(), Vec::new()),
+            lead,
+        })
+        .collect();
+    let ids: Vec<String> = spooled.iter().map(|entry| entry.lead.id.clone()).collect();
+    let _app = spawn_app_adjusted(backend, &config, |settings| {
+        Spool::open(&settings.intake.spool_dir)
+            .append(&spooled)
+            .unwrap();
+    })
+    .await;
+
+    for (inbox, what) in [(&manager, "notified"), (&sink, "announced")] {
+        wait_until(
+            &format!("every drained lead to be {what}"),
+            Duration::from_secs(120),
+            || async {
+                let confirmed = confirmations_per_lead(inbox);
+                ids.iter().all(|id| confirmed.contains_key(id))
+            },
+        )
+        .await;
+        let confirmed = confirmations_per_lead(inbox);
+        for id in &ids {
+            assert_eq!(confirmed[id], 1, "lead {id} {what} once");
+        }
+    }
 }
