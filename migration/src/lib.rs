@@ -16,6 +16,7 @@ mod m20261204_000009_attempts_fillfactor;
 mod m20261205_000010_config_snapshots;
 mod m20261206_000011_payload_statistics;
 mod m20261207_000012_key_digests;
+mod m20261207_000013_leads_accepted_at;
 
 /// Every migration, oldest first.
 pub struct Migrator;
@@ -36,6 +37,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261205_000010_config_snapshots::Migration),
             Box::new(m20261206_000011_payload_statistics::Migration),
             Box::new(m20261207_000012_key_digests::Migration),
+            Box::new(m20261207_000013_leads_accepted_at::Migration),
         ]
     }
 }

@@ -3,12 +3,15 @@
 //! independent of routing (a lead is sold while its manager is down).
 //!
 //! Intake hands it every stored lead at once (`Deliver`); every second it
-//! also plans what recent leads are owed (so a crash between the lead's
-//! commit and that message loses nothing, and events follow state changes),
-//! then claims due rows with free slots and sends them. The database
-//! decides what may be sent (`store::deliveries`): a confirmed row is never
-//! sent again, by any instance. A failed try is retried with backoff for a
-//! day, then abandoned with an alert, for an operator.
+//! also plans what leads changed since its last plan are owed (so a crash
+//! between the lead's commit and that message loses nothing, and events
+//! follow state changes), then claims due rows with free slots and sends
+//! them. Each target's plan pages on in order of change from where the last
+//! one stopped, a page per tick: however many leads a drained spool stores
+//! at once, and however long ago they arrived, none is skipped. The
+//! database decides what may be sent (`store::deliveries`): a confirmed row
+//! is never sent again, by any instance. A failed try is retried with
+//! backoff for a day, then abandoned with an alert, for an operator.
 
 use std::collections::BTreeSet;
 use std::rc::Rc;
@@ -28,15 +31,17 @@ use crate::alerts::{AlertKind, Alerts};
 use crate::config::SharedSettings;
 use crate::domain::{CallOutcome, ConfigSnapshot, LeadState};
 use crate::notify::{self, Destination, SaleFacts, Transport};
-use crate::store::{AfterFailure, DeliveryAnswer, DeliveryTarget, HeldDelivery, Store};
+use crate::store::{
+    AfterFailure, DeliveryAnswer, DeliveryTarget, HeldDelivery, Planned, Store, PLAN_PAGE,
+};
 use crate::telemetry;
 
 /// The event sent once a lead's contract is accepted.
 const ACCEPTED: &str = "lead.accepted";
 /// How often a courier plans and claims on its own.
 const TICK: Duration = Duration::from_secs(1);
-/// A tick plans the leads changed since the last one, with this overlap
-/// (clock skew between instances, commits that took long).
+/// A tick plans the leads changed since the last complete plan, with this
+/// overlap (clock skew between instances, commits that took long).
 const PLAN_OVERLAP: Duration = Duration::from_secs(10);
 /// Every this many ticks, a plan looks back `WIDE_PLAN` (commits that took
 /// longer than the overlap); at start, a whole day.
@@ -210,8 +215,10 @@ pub struct Courier {
     in_flight: usize,
     /// A plan-and-claim round is running.
     pumping: bool,
-    /// When the last plan started (a plan then looks back from there).
-    planned_at: Option<DateTime<Utc>>,
+    /// Per target (in `targets`' order), where its next plan starts: leads
+    /// changed since may be owed and not planned yet. Empty before the
+    /// first plan.
+    plan_from: Vec<DateTime<Utc>>,
     ticks: u64,
 }
 
@@ -226,7 +233,7 @@ impl Courier {
             handed: BTreeSet::new(),
             in_flight: 0,
             pumping: false,
-            planned_at: None,
+            plan_from: Vec::new(),
             ticks: 0,
         }
     }
@@ -250,8 +257,8 @@ impl Courier {
             return;
         }
         let handed: Vec<String> = std::mem::take(&mut self.handed).into_iter().collect();
-        let since = look_back.then(|| self.plan_since());
-        if handed.is_empty() && since.is_none() && self.free_slots() == 0 {
+        let windows = look_back.then(|| self.plan_windows());
+        if handed.is_empty() && windows.is_none() && self.free_slots() == 0 {
             return;
         }
         self.pumping = true;
@@ -263,11 +270,15 @@ impl Courier {
             sweep_interrupted: self.ticks % FULL_PLAN_EVERY == 1,
             destination: self.destination.clone(),
         };
-        let future = round.run(handed, since);
+        let future = round.run(handed, windows);
         ctx.spawn(
-            guarded::<Self, _>("courier", future).map(|claimed, courier, ctx| {
+            guarded::<Self, _>("courier", future).map(|done, courier, ctx| {
                 courier.pumping = false;
-                for (target, held) in claimed.unwrap_or_default() {
+                let Done { claimed, plan_from } = done.unwrap_or_default();
+                if let Some(plan_from) = plan_from {
+                    courier.plan_from = plan_from;
+                }
+                for (target, held) in claimed {
                     courier.send(target, held, ctx);
                 }
                 // Leads handed over while this round ran.
@@ -278,18 +289,21 @@ impl Courier {
         );
     }
 
-    fn plan_since(&mut self) -> DateTime<Utc> {
+    /// Where this tick's plan of each target starts.
+    fn plan_windows(&mut self) -> Windows {
         let now = Utc::now();
         self.ticks += 1;
         let back = |window: Duration| now - chrono::Duration::from_std(window).unwrap_or_default();
-        let since = match self.planned_at {
+        let from = if self.plan_from.is_empty() {
             // At start: the whole day (what a crash may have left).
-            None => back(GIVE_UP_AFTER),
-            Some(_) if self.ticks.is_multiple_of(FULL_PLAN_EVERY) => back(WIDE_PLAN),
-            Some(last) => last - chrono::Duration::from_std(PLAN_OVERLAP).unwrap_or_default(),
+            vec![back(GIVE_UP_AFTER); self.targets.len()]
+        } else if self.ticks.is_multiple_of(FULL_PLAN_EVERY) {
+            let wide = back(WIDE_PLAN);
+            self.plan_from.iter().map(|&from| from.min(wide)).collect()
+        } else {
+            self.plan_from.clone()
         };
-        self.planned_at = Some(now);
-        since
+        Windows { from, started: now }
     }
 
     fn send(&mut self, target: DeliveryTarget, held: HeldDelivery, ctx: &mut Context<Self>) {
@@ -421,6 +435,21 @@ impl Handler<Deliver> for Courier {
     }
 }
 
+/// Where a tick plans each target from (in `targets`' order), and when
+/// it started.
+struct Windows {
+    from: Vec<DateTime<Utc>>,
+    started: DateTime<Utc>,
+}
+
+/// What a round claimed, and where each target's next plan starts (if it
+/// planned them).
+#[derive(Default)]
+struct Done {
+    claimed: Vec<(DeliveryTarget, HeldDelivery)>,
+    plan_from: Option<Vec<DateTime<Utc>>>,
+}
+
 /// The database side of one round, on its own so it can run as a future.
 struct Round {
     store: Store,
@@ -432,11 +461,7 @@ struct Round {
 }
 
 impl Round {
-    async fn run(
-        self,
-        handed: Vec<String>,
-        since: Option<DateTime<Utc>>,
-    ) -> Vec<(DeliveryTarget, HeldDelivery)> {
+    async fn run(self, handed: Vec<String>, windows: Option<Windows>) -> Done {
         if self.sweep_interrupted {
             if let Err(error) = self
                 .store
@@ -447,22 +472,16 @@ impl Round {
             }
         }
         let mut claimed = Vec::new();
-        for target in &self.targets {
+        let mut plan_from = Vec::new();
+        for (index, target) in self.targets.iter().enumerate() {
             let owed = owed_by(target);
-            let mut plans = Vec::new();
-            if !handed.is_empty() {
-                plans.push(
-                    owed.clone()
-                        .add(lead::Column::Id.is_in(handed.iter().map(String::as_str))),
-                );
+            for page in handed.chunks(PLAN_PAGE as usize) {
+                let only = lead::Column::Id.is_in(page.iter().map(String::as_str));
+                let plan = owed.clone().add(only);
+                self.plan(target, plan, lead::Column::UpdatedAt).await;
             }
-            if let Some(since) = since {
-                plans.push(owed.add(recent(target, since)));
-            }
-            for plan in plans {
-                if let Err(error) = self.store.plan_deliveries(target, plan).await {
-                    tracing::warn!(channel = self.destination.id(), %error, "planning deliveries");
-                }
+            if let Some(windows) = &windows {
+                plan_from.push(self.plan_window(target, owed, windows, index).await);
             }
             // The leads just handed over first (a sender may be waiting
             // for them), then whatever else is due, oldest first.
@@ -484,7 +503,49 @@ impl Round {
                 }
             }
         }
-        claimed
+        Done {
+            claimed,
+            plan_from: windows.is_some().then_some(plan_from),
+        }
+    }
+
+    /// Plans a page of the leads owed to `target` that changed since its
+    /// window's start; answers where its next plan starts: on from this
+    /// page's last lead if the page was full, else from this tick (with
+    /// the overlap), or from the same place if it failed.
+    async fn plan_window(
+        &self,
+        target: &DeliveryTarget,
+        owed: Condition,
+        windows: &Windows,
+        index: usize,
+    ) -> DateTime<Utc> {
+        let from = windows.from[index];
+        let changed = changed_at(target);
+        match self
+            .plan(target, owed.add(changed.gte(from)), changed)
+            .await
+        {
+            Some(planned) => planned.more_from.unwrap_or_else(|| {
+                windows.started - chrono::Duration::from_std(PLAN_OVERLAP).unwrap_or_default()
+            }),
+            None => from,
+        }
+    }
+
+    async fn plan(
+        &self,
+        target: &DeliveryTarget,
+        owed: Condition,
+        changed: lead::Column,
+    ) -> Option<Planned> {
+        match self.store.plan_deliveries(target, owed, changed).await {
+            Ok(planned) => Some(planned),
+            Err(error) => {
+                tracing::warn!(channel = self.destination.id(), %error, "planning deliveries");
+                None
+            }
+        }
     }
 }
 
@@ -500,13 +561,14 @@ fn owed_by(target: &DeliveryTarget) -> Condition {
     Condition::all().add(owed)
 }
 
-/// Leads whose change since `since` may have made them owed.
-fn recent(target: &DeliveryTarget, since: DateTime<Utc>) -> Condition {
-    let changed = match target.event.as_deref() {
-        Some(ACCEPTED) => lead::Column::AcceptedAt.gte(since),
-        _ => lead::Column::UpdatedAt.gte(since),
-    };
-    Condition::all().add(changed)
+/// When a lead last changed in a way that may have made it owed to
+/// `target`: its acceptance for `lead.accepted`, else its last change
+/// (its storing included).
+fn changed_at(target: &DeliveryTarget) -> lead::Column {
+    match target.event.as_deref() {
+        Some(ACCEPTED) => lead::Column::AcceptedAt,
+        _ => lead::Column::UpdatedAt,
+    }
 }
 
 /// One try of one delivery, from its attempt row to its answer's commit.

@@ -129,7 +129,17 @@ pub struct DeliveryBacklog {
 }
 
 /// Most leads planned or claimed by one statement.
-const PLAN_PAGE: u64 = 500;
+pub const PLAN_PAGE: u64 = 500;
+
+/// How far one plan got.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Planned {
+    /// Rows inserted.
+    pub rows: u64,
+    /// The page was full: leads changed from this time on (the page's
+    /// last) may still be owed.
+    pub more_from: Option<DateTime<Utc>>,
+}
 
 fn due(target: &str, now: DateTime<Utc>) -> Condition {
     Condition::all()
@@ -145,13 +155,15 @@ fn due(target: &str, now: DateTime<Utc>) -> Condition {
 
 impl Store {
     /// Inserts the rows `target` is owed: leads matching `owed` that have
-    /// none yet, at most a page. Returns how many were planned. Looks
-    /// first (a read), so an idle courier takes no write lock.
+    /// none yet, at most a page, the least recently `changed` first (so a
+    /// caller pages on from `more_from` and skips none). Looks first (a
+    /// read), so an idle courier takes no write lock.
     pub async fn plan_deliveries(
         &self,
         target: &DeliveryTarget,
         owed: Condition,
-    ) -> Result<u64, DbErr> {
+        changed: lead::Column,
+    ) -> Result<Planned, DbErr> {
         let key = target.key();
         let now = Utc::now();
         let has_row = Query::select()
@@ -163,6 +175,21 @@ impl Store {
             )
             .and_where(Expr::col((delivery::Entity, delivery::Column::Target)).eq(key.as_str()))
             .to_owned();
+        let page: Vec<(String, DateTime<Utc>)> = lead::Entity::find()
+            .select_only()
+            .column(lead::Column::Id)
+            .column(changed)
+            .filter(owed.clone())
+            .filter(Expr::exists(has_row.clone()).not())
+            .order_by_asc(changed)
+            .limit(PLAN_PAGE)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        let Some((_, last)) = page.last() else {
+            return Ok(Planned::default());
+        };
+        let more_from = (page.len() as u64 == PLAN_PAGE).then_some(*last);
         let owed_leads = Query::select()
             .column((lead::Entity, lead::Column::Id))
             .exprs([
@@ -177,17 +204,13 @@ impl Store {
             ])
             .from(lead::Entity)
             .cond_where(owed)
+            .and_where(super::any_of::any_of(
+                self.db.get_database_backend(),
+                lead::Column::Id,
+                page.iter().map(|(id, _)| id.as_str()),
+            ))
             .and_where(Expr::exists(has_row).not())
-            .limit(PLAN_PAGE)
             .to_owned();
-        let mut any_owed = owed_leads.clone();
-        any_owed
-            .clear_selects()
-            .column((lead::Entity, lead::Column::Id))
-            .limit(1);
-        if self.db.query_one(&any_owed).await?.is_none() {
-            return Ok(0);
-        }
         let insert = Query::insert()
             .into_table(delivery::Entity)
             .columns([
@@ -209,7 +232,8 @@ impl Store {
                     .to_owned(),
             )
             .to_owned();
-        Ok(self.db.execute(&insert).await?.rows_affected())
+        let rows = self.db.execute(&insert).await?.rows_affected();
+        Ok(Planned { rows, more_from })
     }
 
     /// Takes up to `limit` due rows of `target` (only these leads, if

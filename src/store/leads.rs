@@ -312,7 +312,8 @@ async fn insert_leads(
     leads: &[NewLead],
     rule: &DuplicateRule,
 ) -> Result<InsertedLeads, DbErr> {
-    let rows: Vec<lead::Model> = leads.iter().map(lead_row).collect();
+    let stored_at = Utc::now();
+    let rows: Vec<lead::Model> = leads.iter().map(|new| lead_row(new, stored_at)).collect();
     let mut stored = HashSet::with_capacity(rows.len());
     for chunk in small_statements(&rows, |row| row.raw.len() * 2) {
         let insert = txn.get_database_backend().build(&new_leads(chunk));
@@ -346,7 +347,8 @@ async fn log_and_insert_leads(
     leads: &[NewLead],
     rule: &DuplicateRule,
 ) -> Result<InsertedLeads, DbErr> {
-    let rows: Vec<lead::Model> = leads.iter().map(lead_row).collect();
+    let stored_at = Utc::now();
+    let rows: Vec<lead::Model> = leads.iter().map(|new| lead_row(new, stored_at)).collect();
     // A key sent twice in the batch derives one id: its first row alone
     // may be stored, and claim the person's values.
     let mut ids = HashSet::with_capacity(rows.len());
@@ -459,8 +461,10 @@ fn small_statements<T>(rows: &[T], body_bytes: impl Fn(&T) -> usize) -> Vec<&[T]
 }
 
 /// The row intake writes for a new lead (same-person matching may make it
-/// a duplicate within the same transaction).
-fn lead_row(new: &NewLead) -> lead::Model {
+/// a duplicate within the same transaction). Stored at `stored_at`: its
+/// last change, and its acceptance if it is accepted once stored, even if
+/// it was received long before (a lead drained from the spool).
+fn lead_row(new: &NewLead, stored_at: DateTime<Utc>) -> lead::Model {
     let state = if new.errors.is_empty() {
         LeadState::Received
     } else {
@@ -488,14 +492,14 @@ fn lead_row(new: &NewLead) -> lead::Model {
         lease_owner: None,
         lease_until: None,
         received_at: new.received_at,
-        updated_at: new.received_at,
+        updated_at: stored_at,
         history_from: None,
         offer_tried: false,
         claim_token: None,
         route_failures: 0,
         route_after: None,
         set_aside_reason: None,
-        accepted_at: (new.accept_on_store && new.errors.is_empty()).then_some(new.received_at),
+        accepted_at: (new.accept_on_store && new.errors.is_empty()).then_some(stored_at),
     }
 }
 

@@ -34,7 +34,7 @@ pub use attempt_writer::Written;
 pub use caps::{CapPeriod, CapSlot, CapUse};
 pub use deliveries::{
     AfterFailure, ConfirmEffect, DeliveryAnswer, DeliveryBacklog, DeliveryState, DeliveryTarget,
-    HeldDelivery,
+    HeldDelivery, Planned, PLAN_PAGE,
 };
 pub use leads::{contract_of_row, LeadFilter, LeadPage, NewLead, PersistOutcome};
 pub use loopback_tls::plain_on_loopback;

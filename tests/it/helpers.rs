@@ -153,11 +153,12 @@ async fn spawn_app_on(
 ) -> TestApp {
     leadrouter::telemetry::init(leadrouter::config::LogFormat::Text);
     let mut settings = test_settings(extra);
+    let files = tempfile::tempdir().expect("temp dir");
+    // Before `adjust`: a test may leave journals there for the app to find.
+    settings.intake.spool_dir = files.path().join("spool");
     adjust(&mut settings);
     settings.database.url = config::Secret::new(database_url.to_string());
     settings.server.listen = "127.0.0.1:0".into();
-    let files = tempfile::tempdir().expect("temp dir");
-    settings.intake.spool_dir = files.path().join("spool");
     // The file a reload reads: the same text, with this test's database.
     let config_path = files.path().join("leadrouter.toml");
     write_config(&config_path, database_url, extra);
@@ -442,7 +443,25 @@ pub async fn hold_every_reader_connection(app: &TestApp) -> Vec<sea_orm::Databas
 /// `count` valid leads of the `website` source, stored (in `received`)
 /// without the router being told: a sweep finds them.
 pub async fn stored_leads(store: &Store, count: usize) -> Vec<leadrouter::domain::LeadId> {
-    let leads: Vec<leadrouter::store::NewLead> = (0..count)
+    let leads = new_leads(count, chrono::Utc::now());
+    let rule = leadrouter::config::DuplicateRule {
+        window: Duration::ZERO,
+        keys: Vec::new(),
+    };
+    store.persist_leads(&leads, &rule).await.unwrap();
+    leads
+        .into_iter()
+        .map(|lead| leadrouter::domain::LeadId::from(lead.id))
+        .collect()
+}
+
+/// `count` valid leads of the `website` source (keys `key-N`, distinct
+/// persons) as intake builds them, accepted once stored.
+pub fn new_leads(
+    count: usize,
+    received_at: chrono::DateTime<chrono::Utc>,
+) -> Vec<leadrouter::store::NewLead> {
+    (0..count)
         .map(|n| leadrouter::store::NewLead {
             id: leadrouter::domain::new_id(),
             source_id: "website".into(),
@@ -458,18 +477,9 @@ pub async fn stored_leads(store: &Store, count: usize) -> Vec<leadrouter::domain
             attribution: serde_json::Map::new(),
             is_test: false,
             errors: Vec::new(),
-            received_at: chrono::Utc::now(),
+            received_at,
             accept_on_store: true,
         })
-        .collect();
-    let rule = leadrouter::config::DuplicateRule {
-        window: Duration::ZERO,
-        keys: Vec::new(),
-    };
-    store.persist_leads(&leads, &rule).await.unwrap();
-    leads
-        .into_iter()
-        .map(|lead| leadrouter::domain::LeadId::from(lead.id))
         .collect()
 }
 

@@ -4,14 +4,20 @@
 //! keeps the lead `pending` and safe while it is still sold; a replay after
 //! it recovers delivers exactly once; two instances never notify one lead
 //! twice; events are sent once each and `lead.accepted` never for a
-//! pending lead; Slack, Telegram and SMTP channels deliver to real servers.
+//! pending lead; Slack, Telegram and SMTP channels deliver to real servers;
+//! leads drained from the spool long after they arrived, more than a page
+//! of them at once, are each delivered and announced once.
 
 use std::time::Duration;
 
+use leadrouter::store::NewLead;
 use serde_json::{json, Value};
 
 use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
-use crate::helpers::{spawn_app_with, spawn_instance_of, wait_until, Backend, TestApp};
+use crate::helpers::{
+    new_leads, spawn_app_adjusted, spawn_app_with, spawn_instance_of, test_settings, wait_until,
+    Backend, TestApp,
+};
 use crate::inbox::{Reply, TestInbox, TestSmtp};
 use crate::on_both_databases;
 
@@ -25,6 +31,8 @@ on_both_databases!(
     events_are_sent_once_each_and_never_accepted_for_a_pending_lead,
     unsold_and_unknown_leads_are_announced,
     slack_telegram_and_email_channels_deliver_readable_messages,
+    leads_drained_after_a_long_outage_are_each_notified_and_announced_once,
+    a_backlog_beyond_one_page_is_planned_page_after_page,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -650,4 +658,121 @@ to = ["sales@example.com"]
     let view = app.lead(&id).await.to_string();
     assert!(!view.contains("slack-secret-path"), "{view}");
     assert!(!view.contains("telegram-secret-token"), "{view}");
+}
+
+/// How many times `inbox` confirmed a request about each lead.
+fn confirmations_per_lead(inbox: &TestInbox) -> std::collections::HashMap<String, usize> {
+    let mut counts = std::collections::HashMap::new();
+    for call in inbox.received() {
+        if (200..300).contains(&call.answered) {
+            let lead_id = call.json()["lead_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            *counts.entry(lead_id).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// More leads than a page (500) of deliveries planned at once.
+const BACKLOG: usize = 520;
+
+/// A (not required) manager channel at `manager` and a sink of
+/// `lead.accepted` at `sink`.
+fn backlog_config(manager: &TestInbox, sink: &TestInbox) -> String {
+    format!(
+        "{}\n[[events]]\nid = \"analytics\"\nurl = \"{}/events\"\non = [\"lead.accepted\"]\n",
+        manager_channel(manager)
+            .replace("required = true", "required = false\nmax_concurrency = 16"),
+        sink.base
+    )
+}
+
+/// `BACKLOG` leads received at `received_at`, all one person sent again and
+/// again (a form bot looping): the duplicates are not routed, so nothing
+/// after they are stored changes them.
+fn one_person_looping(received_at: chrono::DateTime<chrono::Utc>) -> Vec<NewLead> {
+    let mut leads = new_leads(BACKLOG, received_at);
+    for lead in &mut leads {
+        lead.fields["email"] = json!("looping@example.com");
+    }
+    leads
+}
+
+/// Waits until each of `leads` is notified at `manager` and announced at
+/// `sink`, then checks each was sent there once.
+async fn each_notified_and_announced_once(
+    manager: &TestInbox,
+    sink: &TestInbox,
+    leads: &[NewLead],
+) {
+    for (inbox, what) in [(manager, "notified"), (sink, "announced")] {
+        wait_until(
+            &format!("every lead to be {what}"),
+            Duration::from_secs(120),
+            || async {
+                let confirmed = confirmations_per_lead(inbox);
+                leads.iter().all(|lead| confirmed.contains_key(&lead.id))
+            },
+        )
+        .await;
+        let confirmed = confirmations_per_lead(inbox);
+        for lead in leads {
+            assert_eq!(confirmed[&lead.id], 1, "lead {} {what} once", lead.id);
+        }
+    }
+}
+
+/// An outage longer than every planning window of the couriers: leads
+/// received two days ago, more than a page of them, wait in one spool
+/// journal and are drained at once when the app starts. Each is delivered
+/// to the manager channel and announced `lead.accepted` exactly once.
+async fn leads_drained_after_a_long_outage_are_each_notified_and_announced_once(backend: Backend) {
+    use leadrouter::domain::Contract;
+    use leadrouter::spool::{Spool, SpooledLead};
+
+    let (manager, sink) = (TestInbox::start(Reply::ok()), TestInbox::start(Reply::ok()));
+    let leads = one_person_looping(chrono::Utc::now() - chrono::Duration::days(2));
+    let spooled: Vec<SpooledLead> = leads
+        .iter()
+        .map(|lead| SpooledLead {
+            contract: Contract::spooled(lead.id.clone(), Vec::new()),
+            lead: lead.clone(),
+        })
+        .collect();
+    let _app = spawn_app_adjusted(backend, &backlog_config(&manager, &sink), |settings| {
+        Spool::open(&settings.intake.spool_dir)
+            .append(&spooled)
+            .unwrap();
+    })
+    .await;
+    each_notified_and_announced_once(&manager, &sink, &leads).await;
+}
+
+/// More than a page of leads stored an hour ago and never planned (an
+/// instance without these channels stored them): an instance that starts
+/// with the channels plans them all, page after page, though they changed
+/// long before its plans' overlap.
+async fn a_backlog_beyond_one_page_is_planned_page_after_page(backend: Backend) {
+    use sea_orm::sea_query::Expr;
+    use sea_orm::EntityTrait;
+
+    let (manager, sink) = (TestInbox::start(Reply::ok()), TestInbox::start(Reply::ok()));
+    let first = spawn_app_with(backend, "").await;
+    let leads = one_person_looping(chrono::Utc::now());
+    first
+        .store
+        .persist_leads(&leads, &test_settings("").duplicate_rule())
+        .await
+        .unwrap();
+    let hour_ago = chrono::Utc::now() - chrono::Duration::hours(1);
+    entity::lead::Entity::update_many()
+        .col_expr(entity::lead::Column::UpdatedAt, Expr::value(hour_ago))
+        .col_expr(entity::lead::Column::AcceptedAt, Expr::value(hour_ago))
+        .exec(first.store.connection())
+        .await
+        .unwrap();
+    let _second = spawn_instance_of(&first, &backlog_config(&manager, &sink), |_| {}).await;
+    each_notified_and_announced_once(&manager, &sink, &leads).await;
 }
