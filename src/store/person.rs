@@ -22,6 +22,8 @@ use crate::domain::LeadState;
 
 /// Key rows per INSERT (modest statements, as `leads::STATEMENT_BYTES`).
 const KEYS_PER_STATEMENT: usize = 64;
+/// Duplicates made so by one UPDATE.
+const DUPLICATES_PER_STATEMENT: usize = 500;
 /// Tries at one contended value before the write gives up (and intake
 /// retries the lead on its own).
 const CLAIM_TRIES: usize = 3;
@@ -52,20 +54,33 @@ pub(super) async fn mark_planned_duplicates(
     Ok(originals)
 }
 
+/// Makes each duplicate a `duplicate` row pointing at its original: one
+/// statement per original (and per `DUPLICATES_PER_STATEMENT` of its
+/// duplicates), not one per duplicate, so that a person sent again and
+/// again costs a batch one round trip, not one per lead.
 async fn set_duplicates(
     txn: &impl ConnectionTrait,
     originals: &HashMap<String, String>,
 ) -> Result<(), DbErr> {
+    let mut by_original: HashMap<&str, Vec<&str>> = HashMap::new();
     for (duplicate, original) in originals {
-        lead::Entity::update_many()
-            .col_expr(
-                lead::Column::State,
-                Expr::value(LeadState::Duplicate.as_str()),
-            )
-            .col_expr(lead::Column::DuplicateOf, Expr::value(original.as_str()))
-            .filter(lead::Column::Id.eq(duplicate.as_str()))
-            .exec(txn)
-            .await?;
+        by_original
+            .entry(original.as_str())
+            .or_default()
+            .push(duplicate.as_str());
+    }
+    for (original, duplicates) in by_original {
+        for chunk in duplicates.chunks(DUPLICATES_PER_STATEMENT) {
+            lead::Entity::update_many()
+                .col_expr(
+                    lead::Column::State,
+                    Expr::value(LeadState::Duplicate.as_str()),
+                )
+                .col_expr(lead::Column::DuplicateOf, Expr::value(original))
+                .filter(lead::Column::Id.is_in(chunk.iter().copied()))
+                .exec(txn)
+                .await?;
+        }
     }
     Ok(())
 }
