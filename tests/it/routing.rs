@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 
 use crate::buyers::{accept, refusing_url, Answer, BrokenBuyer, BuyerConfig, TestBuyer};
 use crate::helpers::{
-    database_url_of, open_store, spawn_app_adjusted, spawn_app_with, wait_until, write_config,
-    Backend, TestApp, TestDatabase, BUYER_TOKEN,
+    database_url_of, hold_the_leads_table, one_value, open_store, spawn_app_adjusted,
+    spawn_app_with, wait_until, write_config, Backend, TestApp, TestDatabase, BUYER_TOKEN,
 };
 use crate::on_both_databases;
 
@@ -679,6 +679,56 @@ async fn an_operator_opens_and_closes_a_circuit(backend: Backend) {
         .send(app.client.get(app.url("/v1/buyers")), Vec::new())
         .await;
     assert_eq!(anonymous.status, 401);
+}
+
+/// The request to offer a buyer's failed leads again, sent as its circuit
+/// closes, is not lost when its requeue fails (here: the statement's
+/// connection cut while it waits on the leads table): the router runs it
+/// again, and the lead skipped while the circuit was open is sold. The
+/// buyer has answered since it started, so nothing else would ask again.
+#[actix_web::test]
+async fn a_reoffer_whose_requeue_fails_is_run_again() {
+    let buyer = TestBuyer::start(accept(), accept());
+    let app = spawn_app_with(
+        Backend::Postgres,
+        &BuyerConfig::new("acme", 1).toml(&buyer.base),
+    )
+    .await;
+    let first = app.submit(json!({"email": "answered@example.com"})).await;
+    app.wait_for_state(&first, "sold").await;
+    let set = |state: &'static str| {
+        let request = app
+            .client
+            .post(app.url("/v1/buyers/acme/circuit"))
+            .insert_header(("Authorization", "Bearer test-admin-token"))
+            .insert_header(("Content-Type", "application/json"));
+        app.send(request, format!(r#"{{"state": "{state}"}}"#))
+    };
+    assert_eq!(set("open").await.json()["circuit"], "open");
+    let skipped = app.submit(json!({"email": "skipped@example.com"})).await;
+    let view = app.wait_for_state(&skipped, "unsold").await;
+    assert_eq!(view["attempts"][0]["reason"], "circuit_open");
+
+    let table = hold_the_leads_table(&app, Backend::Postgres).await;
+    assert_eq!(set("closed").await.json()["circuit"], "closed");
+    // The requeue (the only statement naming `history_from`) waits on the
+    // table: its connection is cut, and the statement fails.
+    let admin = sea_orm::Database::connect(database_url_of(&app).as_str())
+        .await
+        .unwrap();
+    let requeue = "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                   WHERE wait_event_type = 'Lock' AND query LIKE '%history_from%'";
+    wait_until("the requeue to be cut", Duration::from_secs(20), || async {
+        one_value::<i64>(&admin, requeue).await > 0
+    })
+    .await;
+    table.rollback().await.unwrap();
+
+    assert_eq!(
+        app.wait_for_state(&skipped, "sold").await["sold_to"],
+        "acme"
+    );
+    crate::helpers::close_stores().await;
 }
 
 async fn templates_reach_buyers_escaped_for_their_content_type(backend: Backend) {
