@@ -118,6 +118,8 @@ pub struct Router {
     drained: Vec<oneshot::Sender<()>>,
     /// How many waterfalls may run now.
     width: RoutingYield,
+    /// Fault injection (`[faults] router_panics`): full re-offers still to panic.
+    requeue_panics: u32,
 }
 
 impl Router {
@@ -128,6 +130,7 @@ impl Router {
         environment: BuyerEnvironment,
         intake_delay: IntakeDelay,
         widest: usize,
+        requeue_panics: u32,
     ) -> Self {
         Self {
             routing,
@@ -147,6 +150,7 @@ impl Router {
             answered_at: HashMap::new(),
             drained: Vec::new(),
             width: RoutingYield::new(intake_delay, widest),
+            requeue_panics,
         }
     }
 
@@ -540,8 +544,13 @@ impl Router {
         reoffers.running = Some(request.clone());
         let store = self.routing.store.clone();
         let since = chrono::Utc::now() - REROUTE_WITHIN;
+        let inject_panic = request.limit.is_none() && self.requeue_panics > 0;
+        if inject_panic {
+            self.requeue_panics -= 1;
+        }
         ctx.spawn(
-            async move {
+            guarded::<Self, _>("router", async move {
+                assert!(!inject_panic, "injected router panic ([faults] router_panics)");
                 store
                     .requeue_for_buyer(
                         &request.buyer_id,
@@ -551,9 +560,12 @@ impl Router {
                         None,
                     )
                     .await
-            }
-            .into_actor(self)
+            })
             .map(move |requeued, router, ctx| {
+                // None: it panicked, and the restart runs the request again.
+                let Some(requeued) = requeued else {
+                    return;
+                };
                 let Some(reoffers) = router.reoffers.get_mut(&buyer_id) else {
                     return;
                 };
