@@ -382,16 +382,15 @@ impl Buyer {
         }));
     }
 
-    /// Asks the router to offer this buyer its failed leads again.
+    /// Asks the router to offer this buyer its failed leads again: queued
+    /// however full the router's mailbox (nothing asks again once the
+    /// buyer has answered), and kept by the router until it is done.
     fn reoffer(&self, limit: Option<u64>) {
-        if let Err(error) = self.router.try_send(ReofferLeads {
+        self.router.do_send(ReofferLeads {
             buyer_id: self.settings.id.clone(),
             failed_before: Utc::now(),
             limit,
-        }) {
-            // The periodic probe asks again.
-            tracing::warn!(buyer_id = %self.settings.id, %error, "could not ask for the buyer's failed leads to be offered again");
-        }
+        });
     }
 
     fn circuit_changed(&mut self, state: CircuitState, ctx: &mut Context<Self>) {

@@ -162,6 +162,7 @@ impl Overseer {
                         environment,
                         intake_delay.clone(),
                         widest(buyers.iter().map(|buyer| &*buyer.settings)),
+                        faults.router_panics,
                     )
                 },
             )

@@ -12,7 +12,9 @@
 //! settled here like a walk), and `ReofferLeads` (from buyers): when a
 //! buyer answers again (or half-opens, or is probed after a start), the
 //! unsold leads it failed or was skipped for (circuit open, busy), within
-//! a day of arrival, are put back to be routed, all of them page by page.
+//! a day of arrival, are put back to be routed, all of them page by page;
+//! each request is kept until its requeue succeeded (one that a restart
+//! dropped or whose statement failed runs again at the next sweep tick).
 //! Every claim carries a token; a walk's writes and its settle hold only
 //! while the token is the lead's. A walk that failed on our side has its
 //! lead let go with a backoff, and set aside for an operator (with an
@@ -105,9 +107,10 @@ pub struct Router {
     /// Leads waiting to be let go, written in groups (one write at a time).
     to_settle: Vec<HeldLead>,
     settling: bool,
-    /// Buyers whose failed leads are being put back; a request arriving
-    /// meanwhile waits here and runs after.
-    reoffering: HashMap<String, Option<ReofferLeads>>,
+    /// Each buyer's requests to put its failed leads back, kept until
+    /// their requeue succeeded: one that a restart dropped or whose
+    /// statement failed is run again (`retry_reoffers`).
+    reoffers: HashMap<String, Reoffers>,
     /// When each buyer was last seen answering again (a full re-offer):
     /// leads still being walked then, that end unsold with an earlier
     /// failure at it, are put back when they settle.
@@ -116,6 +119,8 @@ pub struct Router {
     drained: Vec<oneshot::Sender<()>>,
     /// How many waterfalls may run now.
     width: RoutingYield,
+    /// Fault injection (`[faults] router_panics`): full re-offers still to panic.
+    requeue_panics: u32,
 }
 
 impl Router {
@@ -126,6 +131,7 @@ impl Router {
         environment: BuyerEnvironment,
         intake_delay: IntakeDelay,
         widest: usize,
+        requeue_panics: u32,
     ) -> Self {
         Self {
             routing,
@@ -141,10 +147,11 @@ impl Router {
             sweep_again: false,
             to_settle: Vec::new(),
             settling: false,
-            reoffering: HashMap::new(),
+            reoffers: HashMap::new(),
             answered_at: HashMap::new(),
             drained: Vec::new(),
             width: RoutingYield::new(intake_delay, widest),
+            requeue_panics,
         }
     }
 
@@ -421,7 +428,11 @@ impl Actor for Router {
         self.environment.metrics.routing_widest(self.width.widest());
         self.environment.metrics.routing_width(self.width.width());
         self.sweep(ctx);
-        ctx.run_interval(self.sweep_interval, |router, ctx| router.sweep(ctx));
+        ctx.run_interval(self.sweep_interval, |router, ctx| {
+            router.sweep(ctx);
+            router.retry_reoffers(ctx);
+        });
+        self.retry_reoffers(ctx);
         ctx.run_interval(WINDOW, |router, ctx| router.yield_to_intake(ctx));
         ctx.run_interval(self.routing.lease / 3, |router, ctx| {
             router.renew_leases(ctx)
@@ -439,11 +450,14 @@ impl Supervised for Router {
         self.sweeping = false;
         self.settling = false;
         // Retries and requeues were futures of ours: gone. A retried lead's
-        // lease runs out and the sweep settles its call from its history.
+        // lease runs out and the sweep settles its call from its history;
+        // a requeue runs again once the router has started.
         for lead_id in self.retrying.drain() {
             self.active.remove(&lead_id);
         }
-        self.reoffering.clear();
+        for reoffers in self.reoffers.values_mut() {
+            reoffers.stopped();
+        }
     }
 }
 
@@ -476,27 +490,69 @@ impl Handler<WaterfallFinished> for Router {
     }
 }
 
+/// A buyer's requests to put its failed leads back: the one whose requeue
+/// runs now, and one (the later requests, merged) waiting to run.
+#[derive(Default)]
+struct Reoffers {
+    running: Option<ReofferLeads>,
+    waiting: Option<ReofferLeads>,
+}
+
+impl Reoffers {
+    /// The running request's future is gone (a restart): it waits again.
+    fn stopped(&mut self) {
+        if let Some(running) = self.running.take() {
+            self.wait(running);
+        }
+    }
+
+    fn wait(&mut self, request: ReofferLeads) {
+        self.waiting = Some(merged(self.waiting.take(), request));
+    }
+}
+
 impl Router {
     /// Puts back the buyer's failed leads, one request per buyer at a time
     /// (a request arriving meanwhile runs after it), then sweeps them up.
     fn reoffer(&mut self, request: ReofferLeads, ctx: &mut Context<Self>) {
-        if self.draining() {
-            return;
-        }
         if request.limit.is_none() {
             self.answered_at
                 .insert(request.buyer_id.clone(), request.failed_before);
         }
-        if let Some(waiting) = self.reoffering.get_mut(&request.buyer_id) {
-            *waiting = Some(merged(waiting.take(), request));
+        let buyer_id = request.buyer_id.clone();
+        self.reoffers
+            .entry(buyer_id.clone())
+            .or_default()
+            .wait(request);
+        self.run_reoffer(buyer_id, ctx);
+    }
+
+    /// Runs the buyer's waiting request, unless one runs now.
+    fn run_reoffer(&mut self, buyer_id: String, ctx: &mut Context<Self>) {
+        if self.draining() {
             return;
         }
-        self.reoffering.insert(request.buyer_id.clone(), None);
+        let Some(reoffers) = self.reoffers.get_mut(&buyer_id) else {
+            return;
+        };
+        if reoffers.running.is_some() {
+            return;
+        }
+        let Some(request) = reoffers.waiting.take() else {
+            self.reoffers.remove(&buyer_id);
+            return;
+        };
+        reoffers.running = Some(request.clone());
         let store = self.routing.store.clone();
         let since = chrono::Utc::now() - REROUTE_WITHIN;
+        let inject_panic = request.limit.is_none() && self.requeue_panics > 0;
+        if inject_panic {
+            self.requeue_panics -= 1;
+        }
         ctx.spawn(
-            async move {
-                let requeued = store
+            guarded::<Self, _>("router", async move {
+                assert!(!inject_panic, "injected router panic ([faults] router_panics)");
+                store
                     .requeue_for_buyer(
                         &request.buyer_id,
                         since,
@@ -504,24 +560,47 @@ impl Router {
                         request.limit,
                         None,
                     )
-                    .await;
-                (requeued, request.buyer_id)
-            }
-            .into_actor(self)
-            .map(|(requeued, buyer_id), router, ctx| {
+                    .await
+            })
+            .map(move |requeued, router, ctx| {
+                // None: it panicked, and the restart runs the request again.
+                let Some(requeued) = requeued else {
+                    return;
+                };
+                let Some(reoffers) = router.reoffers.get_mut(&buyer_id) else {
+                    return;
+                };
+                let Some(ran) = reoffers.running.take() else {
+                    return;
+                };
                 match requeued {
                     Ok(0) => {}
                     Ok(count) => {
                         tracing::info!(%buyer_id, count, "leads put back for a buyer answering again");
                         router.sweep(ctx);
                     }
-                    Err(error) => tracing::error!(%error, %buyer_id, "could not put leads back"),
+                    Err(error) => {
+                        tracing::error!(%error, %buyer_id, "could not put leads back; trying again");
+                        reoffers.wait(ran);
+                        return;
+                    }
                 }
-                if let Some(Some(next)) = router.reoffering.remove(&buyer_id) {
-                    router.reoffer(next, ctx);
-                }
+                router.run_reoffer(buyer_id, ctx);
             }),
         );
+    }
+
+    /// Runs again the requests a restart or a failed statement left waiting.
+    fn retry_reoffers(&mut self, ctx: &mut Context<Self>) {
+        let waiting: Vec<String> = self
+            .reoffers
+            .iter()
+            .filter(|(_, reoffers)| reoffers.running.is_none())
+            .map(|(buyer_id, _)| buyer_id.clone())
+            .collect();
+        for buyer_id in waiting {
+            self.run_reoffer(buyer_id, ctx);
+        }
     }
 }
 

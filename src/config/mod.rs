@@ -128,6 +128,10 @@ pub struct FaultSettings {
     /// Buyer id -> how many of that buyer's half-open probes panic the
     /// same way (a probe lost to a crash must not keep the circuit half-open).
     pub probe_panics: BTreeMap<String, u32>,
+    /// How many of the router's full re-offers (for a buyer answering
+    /// again; not a probe's) panic as their requeue starts, restarting the
+    /// router with the request under way.
+    pub router_panics: u32,
 }
 
 /// How the log on stderr is written (SPEC section 8); read once at start.

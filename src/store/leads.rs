@@ -171,7 +171,8 @@ impl Store {
     }
 
     /// The attempts of each of these leads, each lead's in the order they
-    /// were made (a lead without any has no entry).
+    /// were made (a lead without any has no entry), read on routing's own
+    /// connections: every claim reads them, and busy readers must not stall it.
     pub async fn attempts_of_leads(
         &self,
         lead_ids: &[&str],
@@ -182,7 +183,7 @@ impl Store {
                 .filter(attempt::Column::LeadId.is_in(chunk.iter().copied()))
                 .order_by_asc(attempt::Column::StartedAt)
                 .order_by_asc(attempt::Column::Id)
-                .all(&self.db)
+                .all(&self.routing)
                 .await?;
             for attempt in attempts {
                 histories

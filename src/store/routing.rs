@@ -275,11 +275,10 @@ fn oldest(waiting: Condition, limit: u64) -> sea_orm::Select<lead::Entity> {
         .limit(limit)
 }
 
-/// The rows a claim took so far, and which of them have attempts.
+/// The rows a claim took so far.
 #[derive(Default)]
 struct Taken {
     rows: Vec<lead::Model>,
-    with_history: Vec<String>,
 }
 
 /// Who takes leads, under which token, until when.
@@ -414,7 +413,7 @@ impl Store {
     /// time, and sea-query drops the lock clause) the conditional UPDATE is
     /// atomic by itself. Either way the UPDATE re-checks that each lead is
     /// still `waiting`, and answers (`RETURNING`) the rows it gave the
-    /// holder's token, each with whether it has attempts (an index probe).
+    /// holder's token.
     async fn take(
         &self,
         taken: &mut Taken,
@@ -425,38 +424,27 @@ impl Store {
     ) -> Result<(), DbErr> {
         let backend = self.routing.get_database_backend();
         let mut statement = claim_statement(candidates, waiting, holder, now, backend).into_query();
-        let has_history = Expr::exists(
-            Query::select()
-                .expr(Expr::val(1))
-                .from(attempt::Entity)
-                .and_where(
-                    Expr::col((attempt::Entity, attempt::Column::LeadId))
-                        .equals((lead::Entity, lead::Column::Id)),
-                )
-                .to_owned(),
-        );
-        // The lead's columns, then (after the last) whether it has attempts.
-        let columns: Vec<Expr> = lead::Column::iter()
-            .map(|column| Expr::col((lead::Entity, column)))
-            .collect();
-        let has_history_at = columns.len();
-        statement.returning(Query::returning().exprs(columns.into_iter().chain([has_history])));
+        statement.returning(Query::returning().columns(lead::Column::iter()));
         for returned in self.routing.query_all(&statement).await? {
-            let row = lead::Model::from_query_result(&returned, "")?;
-            if returned.try_get_by_index::<bool>(has_history_at)? {
-                taken.with_history.push(row.id.clone());
-            }
-            taken.rows.push(row);
+            taken
+                .rows
+                .push(lead::Model::from_query_result(&returned, "")?);
         }
         Ok(())
     }
 
-    /// The leads taken under the holder's token, with the attempts of
-    /// those that have any (one more query), so that a claim of fresh
-    /// leads is one statement.
+    /// The leads taken under the holder's token, with their attempts, read
+    /// by a statement of their own once the claim is committed. Not by the
+    /// claim's statement: on PostgreSQL it reads the database as it was
+    /// when it began, and a lead's previous owner (its lease just run out)
+    /// may commit its last rows after that and before the claim locks the
+    /// lead (it skips the lead while the commit holds it, not after): the
+    /// claim would then see a post in flight as no history at all, and the
+    /// walk offer the lead again. Only what the lead's row itself holds
+    /// (a sale's `sold`) the claim re-reads as it locks it.
     async fn claimed(&self, holder: Holder<'_>, taken: Taken) -> Result<Claimed, DbErr> {
-        let with_history: Vec<&str> = taken.with_history.iter().map(String::as_str).collect();
-        let mut histories = self.attempts_of_leads(&with_history).await?;
+        let ids: Vec<&str> = taken.rows.iter().map(|row| row.id.as_str()).collect();
+        let mut histories = self.attempts_of_leads(&ids).await?;
         let leads = taken
             .rows
             .into_iter()

@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 
 use crate::buyers::{accept, refusing_url, Answer, BrokenBuyer, BuyerConfig, TestBuyer};
 use crate::helpers::{
-    database_url_of, open_store, spawn_app_adjusted, spawn_app_with, wait_until, write_config,
-    Backend, TestApp, TestDatabase, BUYER_TOKEN,
+    database_url_of, hold_the_leads_table, one_value, open_store, spawn_app_adjusted,
+    spawn_app_with, wait_until, write_config, Backend, TestApp, TestDatabase, BUYER_TOKEN,
 };
 use crate::on_both_databases;
 
@@ -36,6 +36,7 @@ on_both_databases!(
     routing_walks_as_many_leads_as_its_buyers_slots_take,
     every_pings_answer_is_written_though_no_post_follows_it,
     a_lead_is_sold_while_readers_hold_every_connection_of_theirs,
+    a_reoffer_dropped_by_a_router_restart_is_run_again,
 );
 
 fn attempts_of(view: &Value) -> Vec<(String, String, String)> {
@@ -644,14 +645,7 @@ async fn intake_answers_at_once_while_every_buyer_hangs(backend: Backend) {
 async fn an_operator_opens_and_closes_a_circuit(backend: Backend) {
     let buyer = TestBuyer::start(accept(), accept());
     let app = spawn_app_with(backend, &BuyerConfig::new("acme", 1).toml(&buyer.base)).await;
-    let set = |state: &'static str| {
-        let request = app
-            .client
-            .post(app.url("/v1/buyers/acme/circuit"))
-            .insert_header(("Authorization", "Bearer test-admin-token"))
-            .insert_header(("Content-Type", "application/json"));
-        app.send(request, format!(r#"{{"state": "{state}"}}"#))
-    };
+    let set = |state| set_circuit(&app, state);
     let opened = set("open").await;
     assert_eq!(opened.status, 200, "{}", opened.text());
     assert_eq!(opened.json()["circuit"], "open");
@@ -679,6 +673,85 @@ async fn an_operator_opens_and_closes_a_circuit(backend: Backend) {
         .send(app.client.get(app.url("/v1/buyers")), Vec::new())
         .await;
     assert_eq!(anonymous.status, 401);
+}
+
+/// The request to offer a buyer's failed leads again, sent as its circuit
+/// closes, is not lost when its requeue fails (here: the statement's
+/// connection cut while it waits on the leads table): the router runs it
+/// again, and the lead skipped while the circuit was open is sold.
+#[actix_web::test]
+async fn a_reoffer_whose_requeue_fails_is_run_again() {
+    let (_buyer, app, skipped) = a_lead_skipped_by_an_open_circuit(Backend::Postgres, "").await;
+    let table = hold_the_leads_table(&app, Backend::Postgres).await;
+    assert_eq!(
+        set_circuit(&app, "closed").await.json()["circuit"],
+        "closed"
+    );
+    // The requeue (the only statement naming `history_from`) waits on the
+    // table: its connection is cut, and the statement fails.
+    let admin = sea_orm::Database::connect(database_url_of(&app).as_str())
+        .await
+        .unwrap();
+    let requeue = "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                   WHERE wait_event_type = 'Lock' AND query LIKE '%history_from%'";
+    wait_until("the requeue to be cut", Duration::from_secs(20), || async {
+        one_value::<i64>(&admin, requeue).await > 0
+    })
+    .await;
+    table.rollback().await.unwrap();
+
+    assert_eq!(
+        app.wait_for_state(&skipped, "sold").await["sold_to"],
+        "acme"
+    );
+    crate::helpers::close_stores().await;
+}
+
+/// The same request is not lost when the router restarts while its
+/// requeue is under way (an injected panic as the requeue starts).
+async fn a_reoffer_dropped_by_a_router_restart_is_run_again(backend: Backend) {
+    let faults = "[faults]\nrouter_panics = 1\n";
+    let (_buyer, app, skipped) = a_lead_skipped_by_an_open_circuit(backend, faults).await;
+    assert_eq!(
+        set_circuit(&app, "closed").await.json()["circuit"],
+        "closed"
+    );
+    assert_eq!(
+        app.wait_for_state(&skipped, "sold").await["sold_to"],
+        "acme"
+    );
+}
+
+/// A buyer `acme` whose circuit an operator opened, and a lead skipped for
+/// it: the buyer, the app (with `extra` TOML) and the lead's id. Its
+/// `open_for` is an hour, so within the test nothing but the request its
+/// circuit's closing sends offers its failed leads again.
+async fn a_lead_skipped_by_an_open_circuit(
+    backend: Backend,
+    extra: &str,
+) -> (TestBuyer, TestApp, String) {
+    let buyer = TestBuyer::start(accept(), accept());
+    let acme = BuyerConfig {
+        extra: "circuit = { open_for = \"1h\", max_open_for = \"1h\" }",
+        ..BuyerConfig::new("acme", 1)
+    };
+    let app = spawn_app_with(backend, &format!("{extra}{}", acme.toml(&buyer.base))).await;
+    assert_eq!(set_circuit(&app, "open").await.json()["circuit"], "open");
+    let skipped = app.submit(json!({"email": "skipped@example.com"})).await;
+    let view = app.wait_for_state(&skipped, "unsold").await;
+    assert_eq!(view["attempts"][0]["reason"], "circuit_open");
+    (buyer, app, skipped)
+}
+
+/// An operator sets `acme`'s circuit.
+async fn set_circuit(app: &TestApp, state: &str) -> crate::helpers::Answer {
+    let request = app
+        .client
+        .post(app.url("/v1/buyers/acme/circuit"))
+        .insert_header(("Authorization", "Bearer test-admin-token"))
+        .insert_header(("Content-Type", "application/json"));
+    app.send(request, format!(r#"{{"state": "{state}"}}"#))
+        .await
 }
 
 async fn templates_reach_buyers_escaped_for_their_content_type(backend: Backend) {
