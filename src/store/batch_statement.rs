@@ -17,6 +17,7 @@ use sea_orm::sea_query::{
 };
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbErr, EntityTrait, QueryTrait};
 
+use super::lead_insert::new_leads;
 use super::person::Key;
 
 /// The ids of the leads one statement (or a batch's) stored, and how many
@@ -43,7 +44,7 @@ pub(super) async fn log_store_and_claim(
     keys: &[(&Key, &lead::Model)],
 ) -> Result<Taken, DbErr> {
     let logged = intake_log::Entity::insert_many(log_rows).into_query();
-    let stored = super::leads::new_leads(rows);
+    let stored = new_leads(rows);
     let mut parts = WithClause::new();
     parts
         .cte(part("logged", logged))

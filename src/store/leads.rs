@@ -5,14 +5,14 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use entity::{attempt, intake_log, lead, lead_alias, sale};
-use sea_orm::sea_query::{Expr, OnConflict, Query, UnionType};
+use sea_orm::sea_query::{Expr, Query, UnionType};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, DbBackend,
-    DbErr, EntityTrait, IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
-    QueryTrait, TransactionTrait,
+    DbErr, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, TransactionTrait,
 };
 use serde_json::{Map, Value};
 
+use super::lead_insert::new_leads;
 use super::{batch_statement, person, Store};
 use crate::config::DuplicateRule;
 use crate::domain::{Contract, FieldError, LeadState};
@@ -323,19 +323,6 @@ async fn insert_leads(
         }
     }
     settle_leads(txn, rows, stored, rule).await
-}
-
-/// The INSERT of lead rows, a (source, key) pair taken already skipped:
-/// its digest is in the unique index, and a keyed lead's id is derived
-/// from the pair, so either constraint may be the one that holds it (no
-/// conflict target). It answers the ids it stored.
-pub(super) fn new_leads(rows: &[lead::Model]) -> sea_orm::sea_query::InsertStatement {
-    let mut insert =
-        lead::Entity::insert_many(rows.iter().cloned().map(IntoActiveModel::into_active_model))
-            .on_conflict(OnConflict::new().do_nothing().to_owned())
-            .into_query();
-    insert.returning_col(lead::Column::Id);
-    insert
 }
 
 /// PostgreSQL: each run of a batch's intake log rows, its leads and the

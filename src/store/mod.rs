@@ -8,6 +8,7 @@ mod batch_statement;
 mod caps;
 mod deliveries;
 mod intake_first;
+mod lead_insert;
 mod leads;
 mod loopback_tls;
 mod operations;
