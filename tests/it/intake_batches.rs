@@ -34,10 +34,7 @@ async fn a_mixed_batch_is_answered_and_stored_as_if_each_lead_came_alone(backend
     let database = TestDatabase::create(backend).await;
     let store = open_store(&database.url).await;
     store.migrate().await.unwrap();
-    let rule = DuplicateRule {
-        window: Duration::from_secs(3600),
-        keys: vec!["email".into()],
-    };
+    let rule = email_rule();
     let stored = lead("k-stored", "ann@example.com");
     let first = store
         .log_and_persist_leads(std::slice::from_ref(&stored), &rule)
@@ -110,6 +107,14 @@ async fn a_mixed_batch_is_answered_and_stored_as_if_each_lead_came_alone(backend
     assert_eq!(logged, submitted, "every submission has its intake log row");
 }
 
+/// Same-person matching on the e-mail within an hour.
+fn email_rule() -> DuplicateRule {
+    DuplicateRule {
+        window: Duration::from_secs(3600),
+        keys: vec!["email".into()],
+    }
+}
+
 fn lead(key: &str, email: &str) -> NewLead {
     let fields = json!({"email": email});
     NewLead {
@@ -138,10 +143,7 @@ async fn a_lead_written_again_after_its_commit_answer_was_lost_is_that_lead(back
     let database = TestDatabase::create(backend).await;
     let store = open_store(&database.url).await;
     store.migrate().await.unwrap();
-    let rule = DuplicateRule {
-        window: Duration::from_secs(3600),
-        keys: vec!["email".into()],
-    };
+    let rule = email_rule();
     let keyless = NewLead {
         idempotency_key: None,
         ..lead("unused", "keyless@example.com")
