@@ -21,7 +21,8 @@
 //!
 //! `cargo bench --bench intake` — both databases. Environment:
 //! `BENCH_DB` (`sqlite`, `postgres` or `both`), `BENCH_SECONDS` (10),
-//! `BENCH_CLIENTS` (64), `BENCH_FIXED_RATE` (1000 leads/s).
+//! `BENCH_CLIENTS` (64), `BENCH_FIXED_RATE` (1000 leads/s), `LEADROUTER_BIN`
+//! (another build of the service to measure, e.g. the one before a change).
 
 #[path = "../tests/it/scratch_db.rs"]
 mod scratch_db;

@@ -10,7 +10,11 @@ use std::process::{Child, Command, Stdio};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-pub const BINARY: &str = env!("CARGO_BIN_EXE_leadrouter");
+/// The service binary the benches run: this build's, or `LEADROUTER_BIN`
+/// (an earlier build, to compare two in the same run).
+fn binary() -> String {
+    std::env::var("LEADROUTER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_leadrouter").into())
+}
 
 /// One load run. Every request sent is acknowledged (200/202), failed (an
 /// HTTP answer that is neither) or lost (no answer): a run with a lost
@@ -241,7 +245,7 @@ impl Process {
     /// `leadrouter <args…>` with `--listen`-style address already in `args`,
     /// once `address` accepts connections.
     fn start(address: String, args: &[&str], log: &str) -> Self {
-        let child = Command::new(BINARY)
+        let child = Command::new(binary())
             .args(args)
             .env("RUST_LOG", log)
             .stdout(Stdio::null())

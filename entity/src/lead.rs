@@ -9,11 +9,12 @@ pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
     pub id: String,
     pub source_id: String,
-    /// Dedupe key, kept whole and compared; its `key_digest` is what the
-    /// unique index holds.
+    /// Dedupe key, kept whole and compared. A keyed lead's `id` is derived
+    /// from (source, key), so the primary key is what makes it unique.
     pub idempotency_key: Option<String>,
-    /// `key_digest(source_id, idempotency_key)`: unique together with
-    /// `source_id` (NULL never collides), a fixed length whatever the key's.
+    /// `key_digest(source_id, idempotency_key)` of a lead stored before ids
+    /// were derived (its id is random), found there by a replay of its key;
+    /// NULL on every lead stored since.
     pub key_digest: Option<String>,
     pub external_id: Option<String>,
     pub state: String,
@@ -60,9 +61,9 @@ impl ActiveModelBehavior for ActiveModel {}
 /// Characters of a key that lead its digest (`key_digest`).
 pub const KEY_HEAD_CHARS: usize = 48;
 
-/// The bounded-length form of a (source, idempotency key) pair that the
-/// unique index holds, whatever the key's length: the key's first
-/// `KEY_HEAD_CHARS` characters, `|`, and the SHA-256, in hex, of the
+/// The bounded-length form of a (source, idempotency key) pair that leads
+/// stored before ids were derived keep in an index, whatever the key's
+/// length: the key's first `KEY_HEAD_CHARS` characters, `|`, and the SHA-256, in hex, of the
 /// source's length (8 bytes, big-endian), the source and the whole key (so
 /// no two pairs share an input). The head keeps the index in the keys'
 /// own order: a feed's rising lead ids are appended, not scattered (a

@@ -17,6 +17,7 @@ mod m20261205_000010_config_snapshots;
 mod m20261206_000011_payload_statistics;
 mod m20261207_000012_key_digests;
 mod m20261207_000013_leads_accepted_at;
+mod m20261207_000014_keys_unique_by_id;
 
 /// Every migration, oldest first.
 pub struct Migrator;
@@ -38,6 +39,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261206_000011_payload_statistics::Migration),
             Box::new(m20261207_000012_key_digests::Migration),
             Box::new(m20261207_000013_leads_accepted_at::Migration),
+            Box::new(m20261207_000014_keys_unique_by_id::Migration),
         ]
     }
 }

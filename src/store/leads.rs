@@ -91,7 +91,8 @@ impl Store {
     ) -> Result<Vec<PersistOutcome>, DbErr> {
         let _first = self.intake_first.writing();
         let txn = self.intake.begin().await?;
-        let written = insert_leads(&txn, leads, rule).await?;
+        let rows = self.lead_rows(&txn, leads).await?;
+        let written = insert_leads(&txn, rows, rule).await?;
         txn.commit().await?;
         Ok(written.outcomes())
     }
@@ -108,14 +109,28 @@ impl Store {
     ) -> Result<Vec<PersistOutcome>, DbErr> {
         let _first = self.intake_first.writing();
         let txn = self.intake.begin().await?;
+        let rows = self.lead_rows(&txn, leads).await?;
         let written = if txn.get_database_backend() == DbBackend::Postgres {
-            log_and_insert_leads(&txn, leads, rule).await?
+            log_and_insert_leads(&txn, leads, rows, rule).await?
         } else {
             insert_arrivals(&txn, leads).await?;
-            insert_leads(&txn, leads, rule).await?
+            insert_leads(&txn, rows, rule).await?
         };
         txn.commit().await?;
         Ok(written.outcomes())
+    }
+
+    /// The rows intake writes for `leads`, stored now: a key of a lead
+    /// stored before ids were derived takes that lead's id.
+    async fn lead_rows(
+        &self,
+        txn: &DatabaseTransaction,
+        leads: &[NewLead],
+    ) -> Result<Vec<lead::Model>, DbErr> {
+        let stored_at = Utc::now();
+        let mut rows: Vec<lead::Model> = leads.iter().map(|new| lead_row(new, stored_at)).collect();
+        self.earlier_keys.adopt_ids(txn, &mut rows).await?;
+        Ok(rows)
     }
 
     pub async fn find_lead(&self, id: &str) -> Result<Option<lead::Model>, DbErr> {
@@ -310,11 +325,9 @@ impl InsertedLeads {
 /// they belong to, and same-person duplicates are marked.
 async fn insert_leads(
     txn: &DatabaseTransaction,
-    leads: &[NewLead],
+    rows: Vec<lead::Model>,
     rule: &DuplicateRule,
 ) -> Result<InsertedLeads, DbErr> {
-    let stored_at = Utc::now();
-    let rows: Vec<lead::Model> = leads.iter().map(|new| lead_row(new, stored_at)).collect();
     let mut stored = HashSet::with_capacity(rows.len());
     for chunk in small_statements(&rows, |row| row.raw.len() * 2) {
         let insert = txn.get_database_backend().build(&new_leads(chunk));
@@ -333,10 +346,9 @@ async fn insert_leads(
 async fn log_and_insert_leads(
     txn: &DatabaseTransaction,
     leads: &[NewLead],
+    rows: Vec<lead::Model>,
     rule: &DuplicateRule,
 ) -> Result<InsertedLeads, DbErr> {
-    let stored_at = Utc::now();
-    let rows: Vec<lead::Model> = leads.iter().map(|new| lead_row(new, stored_at)).collect();
     // A key sent twice in the batch derives one id: its first row alone
     // may be stored, and claim the person's values.
     let mut ids = HashSet::with_capacity(rows.len());
@@ -404,21 +416,24 @@ async fn settle_leads(
     })
 }
 
-/// The lead a row that was not inserted is: the row itself, written
-/// before (a commit whose answer was lost, then written again from the
-/// spool or lead by lead: its id is taken by itself), else the lead its
-/// key belongs to (a replay; the whole key compared, not only its digest).
+/// The lead a row that was not inserted is: the lead its id names. That
+/// is the row itself, written before (a commit whose answer was lost, then
+/// written again from the spool or lead by lead), or the lead its key
+/// belongs to (a replay: a keyed id is derived from the key, or adopted
+/// from an earlier lead's). The whole key is compared: two keys whose
+/// derived ids met would be an error, never one lead answered for another.
 async fn stored_before(txn: &DatabaseTransaction, row: &lead::Model) -> Result<lead::Model, DbErr> {
-    if let Some(itself) = lead::Entity::find_by_id(row.id.clone()).one(txn).await? {
-        return Ok(itself);
-    }
-    lead::Entity::find()
-        .filter(lead::Column::SourceId.eq(row.source_id.as_str()))
-        .filter(lead::Column::KeyDigest.eq(row.key_digest.clone()))
-        .filter(lead::Column::IdempotencyKey.eq(row.idempotency_key.clone()))
+    let stored = lead::Entity::find_by_id(row.id.clone())
         .one(txn)
         .await?
-        .ok_or_else(|| DbErr::RecordNotFound("lead behind a conflicting id or key".into()))
+        .ok_or_else(|| DbErr::RecordNotFound("lead behind a conflicting id".into()))?;
+    if (&stored.source_id, &stored.idempotency_key) != (&row.source_id, &row.idempotency_key) {
+        return Err(DbErr::Custom(format!(
+            "lead {} belongs to another (source, key)",
+            row.id
+        )));
+    }
+    Ok(stored)
 }
 
 /// Bytes of row data per multi-row INSERT, so that one statement stays a
@@ -462,10 +477,7 @@ fn lead_row(new: &NewLead, stored_at: DateTime<Utc>) -> lead::Model {
         id: new.id.clone(),
         source_id: new.source_id.clone(),
         idempotency_key: new.idempotency_key.clone(),
-        key_digest: new
-            .idempotency_key
-            .as_deref()
-            .map(|key| lead::key_digest(&new.source_id, key)),
+        key_digest: None,
         external_id: new.external_id.clone(),
         state: state.as_str().to_string(),
         raw: new.raw.clone(),

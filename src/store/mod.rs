@@ -7,6 +7,7 @@ mod attempt_writer;
 mod batch_statement;
 mod caps;
 mod deliveries;
+mod earlier_keys;
 mod intake_first;
 mod lead_insert;
 mod leads;
@@ -93,6 +94,8 @@ pub struct Store {
     lease_search: Arc<at_most_every::AtMostEvery>,
     /// The attempts' configurations known to be stored.
     snapshots: Arc<snapshots::StoredSnapshots>,
+    /// Whether leads stored with random ids and keys may exist.
+    earlier_keys: Arc<earlier_keys::EarlierKeys>,
 }
 
 impl Store {
@@ -154,12 +157,15 @@ impl Store {
             statistics: Arc::default(),
             lease_search: Arc::new(at_most_every::AtMostEvery::new(routing::LEASE_SEARCH_EVERY)),
             snapshots,
+            earlier_keys: Arc::default(),
         })
     }
 
-    /// Applies pending migrations.
+    /// Applies pending migrations, then looks whether leads stored before
+    /// keyed ids were derived exist (`earlier_keys`).
     pub async fn migrate(&self) -> Result<(), DbErr> {
-        Migrator::up(&self.db, None).await
+        Migrator::up(&self.db, None).await?;
+        self.earlier_keys.look(&self.db).await
     }
 
     /// True when the database answers.

@@ -165,16 +165,35 @@ async fn claim_keys(
                 Claim::Ours => {}
                 Claim::OwnedBy(original) => {
                     originals.insert(row.id.clone(), original);
-                    person_key::Entity::delete_many()
-                        .filter(person_key::Column::LeadId.eq(row.id.as_str()))
-                        .exec(txn)
-                        .await?;
+                    give_back(txn, row, keys).await?;
                     break;
                 }
             }
         }
     }
     Ok(resolve(originals))
+}
+
+/// Gives back the values of `keys` that `row` holds (it proved a
+/// duplicate). Named value by value: `person_keys` has no index by lead.
+async fn give_back(
+    txn: &impl ConnectionTrait,
+    row: &lead::Model,
+    keys: &[Key],
+) -> Result<(), DbErr> {
+    let values = keys.iter().fold(Condition::any(), |any, (name, value)| {
+        any.add(
+            Condition::all()
+                .add(person_key::Column::Name.eq(name.as_str()))
+                .add(person_key::Column::Value.eq(value.as_str())),
+        )
+    });
+    person_key::Entity::delete_many()
+        .filter(values)
+        .filter(person_key::Column::LeadId.eq(row.id.as_str()))
+        .exec(txn)
+        .await?;
+    Ok(())
 }
 
 enum Claim {

@@ -115,10 +115,11 @@ fn email_rule() -> DuplicateRule {
     }
 }
 
+/// A keyed lead as intake builds it: its id derived from its key.
 fn lead(key: &str, email: &str) -> NewLead {
     let fields = json!({"email": email});
     NewLead {
-        id: leadrouter::domain::new_id(),
+        id: leadrouter::domain::keyed_lead_id("website", key),
         source_id: "website".into(),
         idempotency_key: Some(key.into()),
         external_id: None,
@@ -145,16 +146,15 @@ async fn a_lead_written_again_after_its_commit_answer_was_lost_is_that_lead(back
     store.migrate().await.unwrap();
     let rule = email_rule();
     let keyless = NewLead {
+        id: leadrouter::domain::new_id(),
         idempotency_key: None,
         ..lead("unused", "keyless@example.com")
     };
-    let keyed = NewLead {
-        id: leadrouter::domain::keyed_lead_id("website", "k-keyed"),
-        ..lead("k-keyed", "keyed@example.com")
-    };
+    let keyed = lead("k-keyed", "keyed@example.com");
     // Another keyless lead of the source, stored first: a lead is never
     // taken for another that merely shares its lack of a key.
     let earlier = NewLead {
+        id: leadrouter::domain::new_id(),
         idempotency_key: None,
         ..lead("unused", "earlier@example.com")
     };

@@ -26,6 +26,7 @@ on_both_databases!(
     leads_unsold_in_an_outage_are_sold_after_kill_9_once_the_buyer_is_back,
     a_crash_mid_auction_re_sends_nothing,
     an_auction_walked_again_after_a_crash_reuses_its_pings,
+    replays_of_a_key_stored_before_the_upgrade_answer_its_lead,
 );
 
 const FINAL_STATES: [&str; 3] = ["sold", "unsold", "unknown"];
@@ -1200,6 +1201,56 @@ async fn a_replay_during_a_cut_answers_the_leads_id_on_either_instance() {
     assert_eq!(ids, expected, "one lead per key, under the id given");
 }
 
+/// Makes the lead behind `derived_id` look like one stored before ids
+/// were derived from keys (migrations 12 to 14): a random id, and its key's
+/// digest kept. Answers that id.
+async fn store_as_before_the_upgrade(app: &TestApp, derived_id: &str) -> String {
+    let row = lead::Entity::find_by_id(derived_id.to_string())
+        .one(app.store.connection())
+        .await
+        .expect("lead read")
+        .expect("the lead is stored");
+    let digest = lead::key_digest(&row.source_id, row.idempotency_key.as_deref().unwrap());
+    let stored_id = leadrouter::domain::new_id();
+    crate::helpers::execute(
+        app,
+        &format!(
+            "UPDATE leads SET id = '{stored_id}', key_digest = '{digest}' WHERE id = '{derived_id}'"
+        ),
+    )
+    .await;
+    stored_id
+}
+
+/// A lead stored before ids were derived from keys has a random id: once
+/// the upgraded service has started, replays of its key sent all at once
+/// answer that lead, and no second lead is stored for the key.
+async fn replays_of_a_key_stored_before_the_upgrade_answer_its_lead(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
+    let config = ServiceConfig::write(&database.url, "2s", "");
+    let service = Service::start(&config).await;
+    let stored = service.app.post_feed_lead(&feed_lead("old-key")).await;
+    let derived_id = stored.json()["submission_id"].as_str().unwrap().to_string();
+    service.app.wait_for_state(&derived_id, "unsold").await;
+    let stored_id = store_as_before_the_upgrade(&service.app, &derived_id).await;
+    drop(service);
+
+    let service = Service::start(&config).await;
+    let app = &service.app;
+    let replays = join_all((0..20).map(|_| app.post_feed_lead_owned(feed_lead("old-key")))).await;
+    for replay in &replays {
+        assert_eq!(replay.status, 200, "{}", replay.text());
+        assert_eq!(replay.json()["submission_id"], stored_id.as_str());
+    }
+    let leads = leads_in(app).await;
+    assert_eq!(leads.len(), 1, "one lead for the key");
+    assert_eq!(leads[0].id, stored_id);
+    // A new key of the same source is stored under its derived id.
+    let fresh = app.post_feed_lead(&feed_lead("new-key")).await;
+    let expected = leadrouter::domain::keyed_lead_id(&leads[0].source_id, "new-key");
+    assert_eq!(fresh.json()["submission_id"], expected.as_str());
+}
+
 /// A lead stored before ids were derived from keys has a random id: a
 /// replay of its key spooled during a cut is given the derived id, which
 /// keeps working as an alias of the stored lead once the spool drains.
@@ -1209,17 +1260,14 @@ async fn a_replay_of_a_pre_upgrade_lead_spooled_during_a_cut_keeps_its_id_workin
     let proxy = TcpProxy::start(server_of(&database.url));
     let config = instance_through(&proxy, &database);
     let service = Service::start(&config).await;
-    let app = &service.app;
-    let stored = app.post_feed_lead(&feed_lead("kept-key")).await;
+    let stored = service.app.post_feed_lead(&feed_lead("kept-key")).await;
     assert_eq!(stored.status, 200, "{}", stored.text());
     let derived_id = stored.json()["submission_id"].as_str().unwrap().to_string();
-    app.wait_for_state(&derived_id, "unsold").await;
-    let stored_id = leadrouter::domain::new_id();
-    crate::helpers::execute(
-        app,
-        &format!("UPDATE leads SET id = '{stored_id}' WHERE id = '{derived_id}'"),
-    )
-    .await;
+    service.app.wait_for_state(&derived_id, "unsold").await;
+    let stored_id = store_as_before_the_upgrade(&service.app, &derived_id).await;
+    drop(service);
+    let service = Service::start(&config).await;
+    let app = &service.app;
 
     proxy.cut();
     let spooled = app.post_feed_lead(&feed_lead("kept-key")).await;

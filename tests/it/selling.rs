@@ -692,7 +692,7 @@ fn unsold_after_an_error(n: usize, buyer_id: &str) -> (lead::ActiveModel, attemp
         id: id.clone(),
         source_id: "website".into(),
         idempotency_key: Some(id.clone()),
-        key_digest: Some(lead::key_digest("website", &id)),
+        key_digest: None,
         external_id: None,
         state: "unsold".into(),
         raw: b"{}".to_vec(),
