@@ -10,21 +10,12 @@ mod transport;
 
 use std::sync::Arc;
 
-use crate::config::{EventSettings, NotifyRole, NotifySettings};
+use crate::config::{EventSettings, NotifyRole, NotifySettings, EVENTS};
 use crate::domain::{AttemptKind, ConfigSnapshot};
 use crate::store::{ConfirmEffect, DeliveryTarget};
 
 pub use message::{prepare, Outbound, Prepared, SaleFacts};
 pub use transport::Transport;
-
-/// Events a sink may subscribe to (`[[events]] on`), in the order they can happen.
-pub const EVENTS: [&str; 5] = [
-    "lead.accepted",
-    "lead.invalid",
-    "lead.sold",
-    "lead.unsold",
-    "lead.unknown",
-];
 
 /// Where deliveries go: a notify channel, or an event sink.
 #[derive(Debug, Clone)]
