@@ -36,10 +36,11 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use entity::{attempt, lead, sale};
 
 use super::any_of::any_of;
+use super::attempt_end::{AttemptEnd, Unwritten};
 use super::caps::{self, CapSlot};
 use super::intake_first::{IntakeFirst, LONGEST_YIELD};
 use super::snapshots::StoredSnapshots;
-use super::{AttemptEnd, Unwritten};
+use super::state_is::state_is;
 use crate::domain::{
     AttemptKind, AttemptOutcome, ClaimToken, ConfigSnapshot, LeadId, LeadState, SkipReason,
 };
@@ -617,7 +618,7 @@ async fn claims_held<'a>(
     let holding = Condition::all()
         .add(any_of(backend, lead::Column::Id, leads))
         .add(any_of(backend, lead::Column::ClaimToken, tokens))
-        .add(super::routing::state_is(LeadState::Routing))
+        .add(state_is(LeadState::Routing))
         .add(lead::Column::LeaseUntil.gt(Utc::now()));
     let held = [lead::Column::Id, lead::Column::ClaimToken];
     let rows = if txn.get_database_backend() == DbBackend::Postgres {

@@ -3,6 +3,7 @@
 
 mod any_of;
 mod at_most_every;
+mod attempt_end;
 mod attempt_writer;
 mod batch_statement;
 mod caps;
@@ -18,6 +19,7 @@ mod resolve;
 mod routing;
 mod snapshots;
 mod sqlite_lock;
+mod state_is;
 mod statistics;
 mod tcp_nodelay;
 
@@ -31,6 +33,7 @@ use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbErr};
 use tokio::sync::oneshot;
 
+pub use attempt_end::{AttemptEnd, Unwritten};
 pub use attempt_writer::Written;
 pub use caps::{CapPeriod, CapSlot, CapUse};
 pub use deliveries::{
@@ -43,8 +46,8 @@ pub use operations::OperationError;
 pub use report::{Money, ReportBy, ReportRow};
 pub use resolve::Settlement;
 pub use routing::{
-    AttemptEnd, Begun, Claimed, ClaimedLead, FailurePolicy, HeldLead, LeadEnd, NewAttempt,
-    OutcomeCounts, SaleOf, Unwritten,
+    Begun, Claimed, ClaimedLead, FailurePolicy, HeldLead, LeadEnd, NewAttempt, OutcomeCounts,
+    SaleOf,
 };
 
 use crate::config::DatabaseSettings;

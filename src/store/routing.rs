@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use entity::{alert, attempt, lead, sale};
-use sea_orm::sea_query::{BinOper, Expr, LockBehavior, LockType, Query};
+use sea_orm::sea_query::{Expr, LockBehavior, LockType, Query};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DbBackend, DbErr, EntityTrait,
     ExprTrait, FromQueryResult, Iterable, QueryFilter, QueryOrder, QuerySelect, QueryTrait,
@@ -17,9 +17,11 @@ use sea_orm::{
 use serde_json::Value;
 
 use super::any_of::any_of;
+use super::attempt_end::{AttemptEnd, Unwritten};
 use super::attempt_writer::{insert_sale, mark_sold, AttemptWrite, Fence, Written};
 use super::caps::CapSlot;
 use super::operations::new_sale;
+use super::state_is::state_is;
 use super::Store;
 use crate::domain::{
     new_id, AttemptKind, AttemptOutcome, CallOutcome, ClaimToken, ConfigSnapshot, LeadId,
@@ -47,32 +49,6 @@ pub struct NewAttempt {
     /// The walk's previous call's answer, not yet written: it goes in the
     /// same commit as this row (see `Unwritten`).
     pub answered: Option<Unwritten>,
-}
-
-/// A waterfall ping's answer held back to share the commit of the walk's
-/// next row (a post, a ping, a skip), which spares one commit wait per
-/// call. Safe to hold for a ping only: until it is written the row stays
-/// `in_flight`, and recovery settles an interrupted ping as an `error`
-/// after which the walk goes on (an unwritten post's answer would make its
-/// lead `unknown`). Written onto its row only while the row is still
-/// `in_flight`, so writing it twice is harmless; the walk writes it on its
-/// own when no row follows.
-#[derive(Debug, Clone)]
-pub struct Unwritten {
-    pub attempt_id: String,
-    pub end: AttemptEnd,
-}
-
-/// How a call ended.
-#[derive(Debug, Clone)]
-pub struct AttemptEnd {
-    pub outcome: CallOutcome,
-    pub reason: Option<String>,
-    pub http_status: Option<u16>,
-    pub duration: Duration,
-    pub response_body: Option<String>,
-    pub bid: Option<f64>,
-    pub ping_id: Option<String>,
 }
 
 /// What became of writing a call's row before the call.
@@ -222,21 +198,6 @@ fn state_test(state: LeadState, found: Found) -> Expr {
         Found::ByState => lead::Column::State.eq(state.as_str()),
         Found::ByKey => state_is(state),
     }
-}
-
-/// `state = <state>` as a check of leads found by key, written so that no
-/// index on `state` can serve it (`(state || '') = …`): the planner then looks
-/// the leads up by key whatever its statistics say. Written plainly, a
-/// planner whose statistics predate a backlog (a young table, or one
-/// analyzed while few leads waited) reckons the state's index entries few
-/// and combines them with the key's: every claim and settle then read the
-/// entry of every lead waiting (and of every lead routed since the last
-/// vacuum, dead entries included), 4-19 ms a statement on PostgreSQL
-/// while the intake bench's 12,000 leads drained.
-pub(super) fn state_is(state: LeadState) -> Expr {
-    Expr::col((lead::Entity, lead::Column::State))
-        .binary(BinOper::Custom("||"), Expr::val(""))
-        .eq(state.as_str())
 }
 
 /// `UPDATE leads SET state = 'routing', lease…, claim_token WHERE id
