@@ -16,13 +16,14 @@ use sea_orm::{
 };
 use serde_json::Value;
 
+use super::among::among;
 use super::any_of::any_of;
 use super::attempt_end::{AttemptEnd, Unwritten};
 use super::attempt_writer::{insert_sale, mark_sold, AttemptWrite, Fence, Written};
 use super::caps::CapSlot;
+use super::handle::Store;
 use super::operations::new_sale;
 use super::state_is::state_is;
-use super::Store;
 use crate::domain::{
     new_id, AttemptKind, AttemptOutcome, CallOutcome, ClaimToken, ConfigSnapshot, LeadId,
     LeadState, SkipReason, INTERRUPTED,
@@ -202,7 +203,7 @@ fn state_test(state: LeadState, found: Found) -> Expr {
 
 /// `UPDATE leads SET state = 'routing', lease…, claim_token WHERE id
 /// among (SELECT id FROM <candidates> FOR UPDATE SKIP LOCKED) AND
-/// <waiting>` (see `super::among`; SQLite has no lock clause, sea-query leaves it
+/// <waiting>` (see `among`; SQLite has no lock clause, sea-query leaves it
 /// out).
 fn claim_statement(
     candidates: sea_orm::Select<lead::Entity>,
@@ -217,7 +218,7 @@ fn claim_statement(
         .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
         .into_query();
     held_by(lead::Entity::update_many(), holder, now)
-        .filter(super::among(
+        .filter(among(
             Expr::col((lead::Entity, lead::Column::Id)),
             candidates,
             backend,
@@ -296,13 +297,6 @@ fn final_outcomes() -> [&'static str; 6] {
     ]
     .map(AttemptOutcome::as_str)
 }
-
-/// A sweep looks for leases that ran out at most this often: they are
-/// rare (an instance stopped while routing), and until the table is
-/// vacuumed the search walks an index entry for every lead that was
-/// routed lately, which under a draining backlog made it the costliest
-/// statement of a claim although it found nothing.
-pub(super) const LEASE_SEARCH_EVERY: Duration = Duration::from_secs(1);
 
 /// Leads requeued per statement when a buyer recovers.
 const REQUEUE_PAGE: u64 = 1000;
@@ -691,7 +685,7 @@ impl Store {
                     Expr::value(LeadState::Received.as_str()),
                 )
                 .col_expr(lead::Column::UpdatedAt, Expr::value(Utc::now()))
-                .filter(super::among(
+                .filter(among(
                     Expr::col((lead::Entity, lead::Column::Id)),
                     candidates,
                     self.routing.get_database_backend(),
