@@ -1,12 +1,13 @@
 //! Reading `leadrouter.toml`: `${VAR}` interpolation, environment overrides,
 //! and a list of every problem found, each with its key path.
 
-use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use toml::Value;
 
-use super::{validate, BuyerSettings, Settings};
+use super::problem::{ConfigError, Problem};
+use super::settings::{BuyerSettings, Settings};
+use super::validate;
 use crate::domain::ConfigSnapshot;
 
 /// Used when neither `--config` nor `LEADROUTER_CONFIG` names a file.
@@ -23,55 +24,6 @@ const ENV_OVERRIDES: [(&str, &str, &str); 4] = [
 /// Deserialisation is retried after dropping each offending key, so one run
 /// reports many problems; this bounds the retries.
 const MAX_REPORTED_PROBLEMS: usize = 100;
-
-/// One thing wrong with the configuration, at a key path like `buyers[0].post.url`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    pub path: String,
-    pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write!(f, "{}: {}", self.path, self.message)
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
-    Unreadable {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{} problem(s) in {}:\n{}", problems.len(), path.display(), list(problems))]
-    Invalid {
-        path: PathBuf,
-        problems: Vec<Problem>,
-    },
-}
-
-impl ConfigError {
-    /// The problems found, empty when the file could not be read at all.
-    pub fn problems(&self) -> &[Problem] {
-        match self {
-            Self::Unreadable { .. } => &[],
-            Self::Invalid { problems, .. } => problems,
-        }
-    }
-}
-
-fn list(problems: &[Problem]) -> String {
-    problems
-        .iter()
-        .map(|problem| format!("  - {problem}"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
 
 /// Reads and validates the configuration at `path`, with environment overrides.
 pub fn load(path: &Path) -> Result<Settings, ConfigError> {

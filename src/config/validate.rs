@@ -4,8 +4,9 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use super::{
-    AcceptRule, BuyerSettings, NotifyKind, NotifySettings, Problem, Secret, Settings, SourceKind,
+use super::problem::Problem;
+use super::settings::{
+    AcceptRule, BuyerSettings, NotifyKind, NotifySettings, Secret, Settings, SourceKind, EVENTS,
 };
 
 /// Schedule days, Monday first.
@@ -162,14 +163,11 @@ pub fn check(settings: &Settings) -> Vec<Problem> {
         for name in events
             .on
             .iter()
-            .filter(|name| !crate::notify::EVENTS.contains(&name.as_str()))
+            .filter(|name| !EVENTS.contains(&name.as_str()))
         {
             problem(
                 format!("events[{index}].on"),
-                format!(
-                    "unknown event {name:?}; known: {}",
-                    crate::notify::EVENTS.join(", ")
-                ),
+                format!("unknown event {name:?}; known: {}", EVENTS.join(", ")),
             );
         }
     }

@@ -1,6 +1,6 @@
-//! Typed ids carried between actors and the store, so a lead id, a claim
-//! token and any other string cannot be swapped by mistake. The database
-//! keeps them as text.
+//! Ids: new server-issued ones, and typed ids carried between actors and
+//! the store, so a lead id, a claim token and any other string cannot be
+//! swapped by mistake. The database keeps them as text.
 
 use std::fmt;
 
@@ -32,6 +32,12 @@ impl fmt::Display for LeadId {
     }
 }
 
+/// A new server-issued id: UUIDv7, so ids of the same kind sort by the
+/// time they were made. (A keyed lead's id is `keyed_lead_id` instead.)
+pub fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
 /// The namespace of keyed leads' ids (a UUIDv4 picked once; never change
 /// it: ids already issued are derived under it).
 const KEYED_LEAD_NAMESPACE: uuid::Uuid = uuid::uuid!("6f1d3c2a-8e4b-4b7a-9c1e-2d5f7a8b9c0d");
@@ -57,7 +63,7 @@ pub struct ClaimToken(String);
 impl ClaimToken {
     /// A new token, never issued before.
     pub fn fresh() -> Self {
-        Self(super::new_id())
+        Self(new_id())
     }
 
     pub fn as_str(&self) -> &str {

@@ -11,15 +11,9 @@ mod snapshot;
 
 pub use attempt::{AttemptKind, AttemptOutcome, CallKind, CallOutcome, SkipReason, INTERRUPTED};
 pub use contract::{Acceptance, Contract, FieldError, LeadState};
-pub use ids::{keyed_lead_id, ClaimToken, LeadId};
+pub use ids::{keyed_lead_id, new_id, ClaimToken, LeadId};
 pub use normalize::{
     check_fields, normalize, normalize_parsed, Normalized, RequestMeta, ATTRIBUTION_KEYS,
 };
 pub use payload::{parse_body, BodyError, BodyFormat};
 pub use snapshot::ConfigSnapshot;
-
-/// A new server-issued id: UUIDv7, so ids of the same kind sort by the
-/// time they were made. (A keyed lead's id is `keyed_lead_id` instead.)
-pub fn new_id() -> String {
-    uuid::Uuid::now_v7().to_string()
-}

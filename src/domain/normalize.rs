@@ -13,7 +13,8 @@
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
-use super::{BodyError, FieldError};
+use super::contract::FieldError;
+use super::payload::BodyError;
 use crate::config::SourceSettings;
 
 /// Attribution keys read from the body (top level or an `attribution` object).

@@ -7,7 +7,7 @@
 use entity::lead;
 use serde_json::{json, Map, Value};
 
-use super::Destination;
+use super::destination::Destination;
 use crate::buyer::request::{render, BuyerRequest, LeadOffer, PingResult};
 use crate::config::{NotifyKind, NotifySettings};
 

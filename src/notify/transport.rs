@@ -7,14 +7,13 @@ use std::time::{Duration, Instant};
 
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 
+use super::destination::Destination;
 use super::message::{Outbound, Prepared};
 use crate::buyer::accept::AcceptCheck;
 use crate::buyer::call::exchange;
 use crate::config::{AcceptRule, NotifyKind, NotifySettings};
 use crate::domain::{CallKind, CallOutcome};
 use crate::store::DeliveryAnswer;
-
-use super::Destination;
 
 /// How a destination's messages leave: an HTTP client or an SMTP pool,
 /// made once per courier.

@@ -10,9 +10,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
-use super::error::ErrorBody;
+use super::auth::Admin;
+use super::error::{ApiError, ErrorBody};
 use super::leads::{attempt_views, find, full_view, AttemptView, LeadView};
-use super::{Admin, ApiError, AppState};
+use super::state::AppState;
 use crate::actors::retry::{RetryAttempt, RetryError};
 use crate::actors::router::RouteLeads;
 use crate::domain::{check_fields, AttemptKind, LeadId};

@@ -6,7 +6,8 @@ use std::future::{ready, Ready};
 use actix_web::{dev::Payload, http::header, web, FromRequest, HttpRequest};
 use subtle::ConstantTimeEq;
 
-use super::{ApiError, AppState};
+use super::error::ApiError;
+use super::state::AppState;
 
 /// Present in a handler's arguments: the request carried the admin token.
 pub struct Admin;

@@ -5,9 +5,10 @@ use actix_web::{web, HttpResponse};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::error::ErrorBody;
+use super::auth::Admin;
+use super::error::{ApiError, ErrorBody};
 use super::figures::Figures;
-use super::{Admin, ApiError, AppState};
+use super::state::AppState;
 use crate::actors::buyer::ForceCircuit;
 use crate::buyer::board::BuyerStatus;
 use crate::buyer::breaker::CircuitState;

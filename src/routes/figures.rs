@@ -12,11 +12,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Timelike, Utc};
 use sea_orm::DbErr;
 use tokio::sync::Mutex;
 
-use super::report::start_of_day;
 use crate::config::Settings;
 use crate::store::{CapSlot, CapUse, OutcomeCounts, Store};
 
@@ -105,6 +104,15 @@ impl FiguresCache {
 /// How long a read that took `took` is shown.
 fn shown_for(took: Duration) -> Duration {
     FRESH_FOR.max(took * SHOWN_PER_READ_TIME)
+}
+
+/// 00:00 UTC of the day that holds `at`.
+pub fn start_of_day(at: DateTime<Utc>) -> DateTime<Utc> {
+    at.with_hour(0)
+        .and_then(|t| t.with_minute(0))
+        .and_then(|t| t.with_second(0))
+        .and_then(|t| t.with_nanosecond(0))
+        .unwrap_or(at)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use actix_web::{web, HttpResponse};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::AppState;
+use super::state::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Health {

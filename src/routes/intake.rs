@@ -13,8 +13,10 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
 
-use super::error::ErrorBody;
-use super::{form_page, secrets_equal, ApiError, AppState};
+use super::auth::secrets_equal;
+use super::error::{ApiError, ErrorBody};
+use super::form_page;
+use super::state::AppState;
 use crate::actors::{IntakeError, SubmitLead};
 use crate::config::{Settings, SourceKind, SourceSettings};
 use crate::domain::{

@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use super::error::ErrorBody;
-use super::{Admin, ApiError, AppState};
+use super::auth::Admin;
+use super::error::{ApiError, ErrorBody};
+use super::state::AppState;
 use crate::domain::{AttemptKind, AttemptOutcome, CallOutcome, Contract, FieldError, LeadState};
 use crate::store::{contract_of_row, DeliveryState, LeadFilter, LeadPage};
 

@@ -1,5 +1,5 @@
-//! The HTTP API (SPEC section 5), one module per resource, and the state
-//! every handler shares.
+//! The HTTP API (SPEC section 5), one module per resource, the state every
+//! handler shares (`state`), and the table of routes.
 
 mod admin;
 mod auth;
@@ -14,11 +14,10 @@ mod leads;
 mod openapi;
 mod report;
 mod spool;
+mod state;
 mod status;
 mod status_page;
 mod status_render;
-
-use std::sync::Arc;
 
 use actix_web::{web, HttpResponse};
 
@@ -27,31 +26,9 @@ pub use error::ApiError;
 pub use figures::FiguresCache;
 pub use form_page::escape as escape_html;
 pub use openapi::ApiDoc;
+pub use state::AppState;
 
-use crate::actors::Tree;
-use crate::config::{Settings, SharedSettings};
-use crate::metrics::Metrics;
-use crate::rate_limit::RateLimiter;
-use crate::store::Store;
-
-/// What handlers share: settings, the store, the actors, the rate limiter.
-pub struct AppState {
-    /// Replaced whole by a reload; take [`AppState::settings`] per request.
-    pub settings: SharedSettings,
-    pub store: Store,
-    pub tree: Tree,
-    pub limiter: Arc<RateLimiter>,
-    pub metrics: Metrics,
-    /// What `/v1/status` and `/metrics` read, at most once a second.
-    pub figures: FiguresCache,
-}
-
-impl AppState {
-    /// The settings now.
-    pub fn settings(&self) -> Arc<Settings> {
-        self.settings.current()
-    }
-}
+use crate::config::SharedSettings;
 
 /// The form helper, served from the binary (SPEC section 5).
 const FORM_JS: &str = include_str!("../form.js");

@@ -4,12 +4,14 @@
 //! database (see `store::report`).
 
 use actix_web::{web, HttpResponse};
-use chrono::{DateTime, Timelike, Utc};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::error::ErrorBody;
-use super::{Admin, ApiError, AppState};
+use super::auth::Admin;
+use super::error::{ApiError, ErrorBody};
+use super::figures::start_of_day;
+use super::state::AppState;
 use crate::store::{ReportBy, ReportRow};
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -71,13 +73,4 @@ pub async fn report(
         by: grouping,
         rows,
     }))
-}
-
-/// 00:00 UTC of the day that holds `at`.
-pub fn start_of_day(at: DateTime<Utc>) -> DateTime<Utc> {
-    at.with_hour(0)
-        .and_then(|t| t.with_minute(0))
-        .and_then(|t| t.with_second(0))
-        .and_then(|t| t.with_nanosecond(0))
-        .unwrap_or(at)
 }

@@ -10,8 +10,9 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::error::ErrorBody;
-use super::{Admin, ApiError, AppState};
+use super::auth::Admin;
+use super::error::{ApiError, ErrorBody};
+use super::state::AppState;
 use crate::actors::router::RouteLeads;
 use crate::domain::{Contract, LeadId, LeadState};
 use crate::store::{contract_of_row, is_unreachable, PersistOutcome};

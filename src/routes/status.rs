@@ -10,11 +10,11 @@ use utoipa::ToSchema;
 
 use chrono::{DateTime, Utc};
 
+use super::auth::Admin;
 use super::buyers::{buyer_views, BuyerView};
-use super::error::ErrorBody;
-use super::figures::Figures;
-use super::report::start_of_day;
-use super::{Admin, ApiError, AppState};
+use super::error::{ApiError, ErrorBody};
+use super::figures::{start_of_day, Figures};
+use super::state::AppState;
 use crate::actors::courier::ChannelHealth;
 use crate::domain::LeadState;
 use crate::metrics::Snapshot;

@@ -9,8 +9,10 @@
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
 
+use super::error::ApiError;
+use super::state::AppState;
 use super::status::status_view;
-use super::{status_render, ApiError, AppState};
+use super::status_render;
 
 const STATUS_PAGE: &str = include_str!("../status_page/status.html");
 const LEAD_PAGE: &str = include_str!("../status_page/lead.html");

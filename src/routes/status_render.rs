@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use super::escape_html as escape;
+use super::form_page::escape;
 
 const CIRCUIT_WORDS: [(&str, &str); 3] = [
     ("closed", "closed"),

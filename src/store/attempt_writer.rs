@@ -36,10 +36,12 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use entity::{attempt, lead, sale};
 
 use super::any_of::any_of;
+use super::attempt_end::{AttemptEnd, Unwritten};
 use super::caps::{self, CapSlot};
 use super::intake_first::{IntakeFirst, LONGEST_YIELD};
 use super::snapshots::StoredSnapshots;
-use super::{AttemptEnd, Unwritten};
+use super::state_is::state_is;
+use super::unreachable::is_unreachable;
 use crate::domain::{
     AttemptKind, AttemptOutcome, ClaimToken, ConfigSnapshot, LeadId, LeadState, SkipReason,
 };
@@ -238,9 +240,7 @@ async fn commit_group(
     let mut committed = commit(db, snapshots, &writes).await;
     for _ in 0..connections {
         match &committed {
-            Err(error) if super::is_unreachable(error) => {
-                committed = commit(db, snapshots, &writes).await
-            }
+            Err(error) if is_unreachable(error) => committed = commit(db, snapshots, &writes).await,
             _ => break,
         }
     }
@@ -251,7 +251,7 @@ async fn commit_group(
             .for_each(|(reply, result)| {
                 let _ = reply.send(Ok(result));
             }),
-        Err(error) if writes.len() > 1 && !super::is_unreachable(&error) => {
+        Err(error) if writes.len() > 1 && !is_unreachable(&error) => {
             for (write, reply) in writes.into_iter().zip(replies) {
                 let result = commit(db, snapshots, std::slice::from_ref(&write)).await;
                 let result = result.map(|mut results| results.remove(0));
@@ -617,7 +617,7 @@ async fn claims_held<'a>(
     let holding = Condition::all()
         .add(any_of(backend, lead::Column::Id, leads))
         .add(any_of(backend, lead::Column::ClaimToken, tokens))
-        .add(super::routing::state_is(LeadState::Routing))
+        .add(state_is(LeadState::Routing))
         .add(lead::Column::LeaseUntil.gt(Utc::now()));
     let held = [lead::Column::Id, lead::Column::ClaimToken];
     let rows = if txn.get_database_backend() == DbBackend::Postgres {

@@ -19,7 +19,8 @@ use sea_orm::{
 };
 use serde_json::Value;
 
-use super::Store;
+use super::among::among;
+use super::handle::Store;
 use crate::domain::{
     new_id, AttemptKind, AttemptOutcome, CallOutcome, ConfigSnapshot, INTERRUPTED,
 };
@@ -283,7 +284,7 @@ impl Store {
                 delivery::Column::Tries,
                 Expr::col(delivery::Column::Tries).add(1),
             )
-            .filter(super::among(
+            .filter(among(
                 Expr::col((delivery::Entity, delivery::Column::LeadId)),
                 candidates,
                 self.db.get_database_backend(),

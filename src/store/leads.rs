@@ -12,8 +12,9 @@ use sea_orm::{
 };
 use serde_json::{Map, Value};
 
+use super::handle::Store;
 use super::lead_insert::new_leads;
-use super::{batch_statement, person, Store};
+use super::{batch_statement, person};
 use crate::config::DuplicateRule;
 use crate::domain::{Contract, FieldError, LeadState};
 
@@ -509,7 +510,10 @@ fn abandoned_deliveries() -> sea_orm::sea_query::SelectStatement {
     entity::delivery::Entity::find()
         .select_only()
         .column(entity::delivery::Column::LeadId)
-        .filter(entity::delivery::Column::State.eq(super::DeliveryState::Abandoned.as_str()))
+        .filter(
+            entity::delivery::Column::State
+                .eq(super::deliveries::DeliveryState::Abandoned.as_str()),
+        )
         .into_query()
 }
 

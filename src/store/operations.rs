@@ -13,7 +13,8 @@ use sea_orm::{
 };
 use serde_json::{Map, Value};
 
-use super::{caps, person, Store};
+use super::handle::Store;
+use super::{caps, person};
 use crate::config::DuplicateRule;
 use crate::domain::{new_id, AttemptKind, AttemptOutcome, CallOutcome, FieldError, LeadState};
 

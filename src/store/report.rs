@@ -13,7 +13,7 @@ use sea_orm::sea_query::{Alias, Expr, Func, Query, SelectStatement};
 use sea_orm::{ConnectionTrait, DbErr, ExprTrait};
 use serde::Serialize;
 
-use super::Store;
+use super::handle::Store;
 use crate::domain::{AttemptKind, LeadState};
 
 /// What a report is grouped by.

@@ -12,10 +12,11 @@ use sea_orm::{
 };
 use serde_json::json;
 
+use super::handle::Store;
 use super::operations::{
     new_history, new_sale, release_unanswered_posts, transition, GiveBack, OperationError,
 };
-use super::{snapshots, Store};
+use super::snapshots;
 use crate::config::{buyer_from_snapshot, PayoutRule};
 use crate::domain::{new_id, AttemptKind, AttemptOutcome, CallOutcome, LeadState};
 

@@ -90,18 +90,3 @@ pub(super) async fn read_one(
 ) -> Result<Option<Value>, DbErr> {
     Ok(read(conn, [id]).await?.remove(id))
 }
-
-impl super::Store {
-    /// The stored configurations of `ids`, by id (an unknown id is left out).
-    pub async fn config_snapshots(
-        &self,
-        ids: impl IntoIterator<Item = &str>,
-    ) -> Result<HashMap<String, Value>, DbErr> {
-        read(&self.db, ids).await
-    }
-
-    /// The stored configuration `id` names, if any.
-    pub async fn config_snapshot(&self, id: &str) -> Result<Option<Value>, DbErr> {
-        read_one(&self.db, id).await
-    }
-}
