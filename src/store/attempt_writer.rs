@@ -89,6 +89,9 @@ pub(super) enum AttemptWrite {
         lead_id: String,
         sale: Box<sale::ActiveModel>,
     },
+    /// Nothing to write: answered once every write queued before it is
+    /// committed (groups commit one after another, in queue order).
+    Barrier,
 }
 
 /// What a write did.
@@ -192,7 +195,7 @@ async fn write_forever(
     requests: &mut mpsc::UnboundedReceiver<Request>,
 ) {
     while let Some(first) = requests.recv().await {
-        let Ok(permit) = turns.in_flight.clone().acquire_owned().await else {
+        let Ok(mut permit) = turns.in_flight.clone().acquire_owned().await else {
             return;
         };
         if let Some(intake_first) = &turns.intake_first {
@@ -204,6 +207,18 @@ async fn write_forever(
                 Ok(next) => batch.push(next),
                 Err(_) => break,
             }
+        }
+        // A barrier waits for the groups before it, should several commit at once.
+        if turns.connections > 1
+            && batch
+                .iter()
+                .any(|(write, _)| matches!(write, AttemptWrite::Barrier))
+        {
+            let others = u32::try_from(turns.connections - 1).unwrap_or(u32::MAX);
+            let Ok(theirs) = turns.in_flight.clone().acquire_many_owned(others).await else {
+                return;
+            };
+            permit.merge(theirs);
         }
         let db = db.clone();
         let connections = turns.connections;
@@ -325,7 +340,7 @@ async fn answer(
         AttemptWrite::Finish { id, end, .. } | AttemptWrite::Sell { id, end, .. } => {
             Some((id.as_str(), end))
         }
-        AttemptWrite::Insert { .. } | AttemptWrite::Busy { .. } => None,
+        AttemptWrite::Insert { .. } | AttemptWrite::Busy { .. } | AttemptWrite::Barrier => None,
     });
     let brought = writes.iter().filter_map(|write| match write {
         AttemptWrite::Insert {
@@ -568,7 +583,7 @@ async fn take_cap_slots(
             AttemptWrite::Finish { release, .. } | AttemptWrite::Busy { release, .. } => {
                 caps::release(txn, release).await?
             }
-            AttemptWrite::Sell { .. } => {}
+            AttemptWrite::Sell { .. } | AttemptWrite::Barrier => {}
         }
     }
     Ok(())
@@ -579,7 +594,7 @@ fn cap_buyer(write: &AttemptWrite) -> Option<&str> {
     let slots = match write {
         AttemptWrite::Insert { caps, .. } => caps,
         AttemptWrite::Finish { release, .. } | AttemptWrite::Busy { release, .. } => release,
-        AttemptWrite::Sell { .. } => return None,
+        AttemptWrite::Sell { .. } | AttemptWrite::Barrier => return None,
     };
     slots.first().map(|slot| slot.buyer_id.as_str())
 }

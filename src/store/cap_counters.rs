@@ -12,6 +12,7 @@ use sea_orm::{
 };
 use serde::Serialize;
 
+use super::attempt_writer::AttemptWrite;
 use super::caps::{CapPeriod, CapSlot};
 use super::handle::Store;
 use crate::domain::{AttemptKind, AttemptOutcome, CallOutcome, LeadState};
@@ -129,9 +130,15 @@ impl Store {
     /// not sold. Each counter is locked first (an upsert), then counted,
     /// then set, in one transaction: a post reserving at the same time
     /// either committed before the lock (and is counted) or waits for it
-    /// (and then counts on from the reconciled value). A counter above the
+    /// (and then counts on from the reconciled value). Posts made under
+    /// the settings before are committed first (the writer's barrier). A counter above the
     /// cap (a cap lowered below the sales made) refuses every post.
     pub async fn reconcile_caps(&self, slots: &[CapSlot]) -> Result<(), DbErr> {
+        // A post whose row was made under the settings before this change
+        // (a cap that was off took no slot) may still be on its way to
+        // the database: counted once committed, so wait for every write
+        // queued so far.
+        self.attempts.write(AttemptWrite::Barrier).await?;
         for slot in slots {
             let txn = self.db.begin().await?;
             lock_counter(&txn, slot).await?;

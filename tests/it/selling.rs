@@ -15,8 +15,8 @@ use serde_json::{json, Value};
 
 use crate::buyers::{accept, Answer, BuyerConfig, TestBuyer};
 use crate::helpers::{
-    execute, post_of, spawn_app_adjusted, spawn_app_with, spawn_instance_of, wait_until, Backend,
-    TestApp,
+    database_url_of, execute, one_value, post_of, spawn_app_adjusted, spawn_app_with,
+    spawn_instance_of, wait_until, Backend, TestApp,
 };
 use crate::on_both_databases;
 
@@ -1007,6 +1007,77 @@ async fn a_cap_removed_restored_raised_and_lowered_by_reloads_counts_the_days_sa
     submit_each(&app, "lowered", 1, "unsold").await;
     assert_eq!(buyer.calls("post").len(), 8, "lowered below the sales made");
     assert_eq!(sales_to(&app, "acme").await.len(), 8);
+}
+
+/// A cap restored by a reload while a post made under the cap-less
+/// settings is on its way to the database (its row waits on a lock held on
+/// `attempts`): the recount waits for the writes queued before it, so the
+/// post counts, and no lead sells beyond the cap. Before the fix the
+/// recount ran at once, missed the post, and a third sale followed it.
+/// PostgreSQL: the lock blocks the row's insert and leaves the recount's
+/// reads free (on SQLite it would hold the recount too).
+#[actix_web::test]
+async fn a_cap_restored_while_a_post_is_being_written_counts_that_post() {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+
+    let buyer = TestBuyer::start(accept(), accept());
+    let acme = |extra| {
+        BuyerConfig {
+            ping_timeout: None,
+            extra,
+            ..BuyerConfig::new("acme", 1)
+        }
+        .toml(&buyer.base)
+    };
+    let app = spawn_app_with(Backend::Postgres, &acme("daily_cap = 3")).await;
+    submit_each(&app, "capped", 1, "sold").await;
+    app.reload_with(&acme("")).await;
+    submit_each(&app, "uncapped", 1, "sold").await;
+
+    let url = database_url_of(&app);
+    let blocker = sea_orm::Database::connect(url.as_str()).await.unwrap();
+    let hold = blocker.begin().await.unwrap();
+    hold.execute_unprepared("LOCK TABLE attempts IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let in_flight = app.submit(json!({"email": "in-flight@example.com"})).await;
+    let watcher = sea_orm::Database::connect(url.as_str()).await.unwrap();
+    wait_until("the post's row to wait for the lock", SETTLE, || async {
+        one_value::<i64>(
+            &watcher,
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND query LIKE 'INSERT INTO \"attempts\"%'",
+        )
+        .await
+            > 0
+    })
+    .await;
+    app.reload_with(&acme("daily_cap = 3")).await;
+    // Unfixed, the recount runs at once and counts the two sales only: the
+    // counter shows 2 within moments. Fixed, it waits for the post's row,
+    // so it cannot move while the lock is held; after a while the lock goes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < deadline {
+        let buyers = app.admin_get("/v1/buyers").await.json();
+        if buyers[0]["caps"][0]["used"] == 2 {
+            break;
+        }
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    hold.rollback().await.unwrap();
+    app.wait_for_state(&in_flight, "sold").await;
+    for n in 0..2 {
+        let over = app
+            .submit(json!({"email": format!("over{n}@example.com")}))
+            .await;
+        wait_until("the lead over the cap to settle", SETTLE, || async {
+            let state = app.lead(&over).await["lead_state"].clone();
+            state == "sold" || state == "unsold"
+        })
+        .await;
+    }
+    assert_eq!(buyer.calls("post").len(), 3, "no post beyond the cap of 3");
+    assert_eq!(sales_to(&app, "acme").await.len(), 3);
 }
 
 /// A cap restored by a reload while posts wait for the buyer's one slot:
