@@ -938,6 +938,16 @@ fn acme_capped(buyer: &TestBuyer, cap: &str) -> String {
     .toml(&buyer.base)
 }
 
+/// Buyer `acme` posted to directly (no ping), with `extra` settings.
+fn acme_posted_directly(buyer: &TestBuyer, extra: &str) -> String {
+    BuyerConfig {
+        ping_timeout: None,
+        extra,
+        ..BuyerConfig::new("acme", 1)
+    }
+    .toml(&buyer.base)
+}
+
 /// Waits until the first buyer's first cap shows `used` slots.
 async fn wait_for_cap_use(app: &TestApp, used: u64) {
     wait_until(&format!("the cap to count {used}"), SETTLE, || async {
@@ -1021,14 +1031,7 @@ async fn a_cap_restored_while_a_post_is_being_written_counts_that_post() {
     use sea_orm::{ConnectionTrait, TransactionTrait};
 
     let buyer = TestBuyer::start(accept(), accept());
-    let acme = |extra| {
-        BuyerConfig {
-            ping_timeout: None,
-            extra,
-            ..BuyerConfig::new("acme", 1)
-        }
-        .toml(&buyer.base)
-    };
+    let acme = |extra| acme_posted_directly(&buyer, extra);
     let app = spawn_app_with(Backend::Postgres, &acme("daily_cap = 3")).await;
     submit_each(&app, "capped", 1, "sold").await;
     app.reload_with(&acme("")).await;
@@ -1092,14 +1095,7 @@ async fn a_cap_restored_while_posts_wait_for_the_buyers_slot_holds_them(backend:
         },
     );
     // Direct posts (no ping): the posts themselves wait for the slot.
-    let acme = |extra| {
-        BuyerConfig {
-            ping_timeout: None,
-            extra,
-            ..BuyerConfig::new("acme", 1)
-        }
-        .toml(&buyer.base)
-    };
+    let acme = |extra| acme_posted_directly(&buyer, extra);
     let one_slot = "max_concurrency = 1\nqueue_timeout = \"30s\"";
     let capped = format!("{one_slot}\ndaily_cap = 1");
     let app = spawn_app_with(backend, &acme(&capped)).await;
