@@ -1201,11 +1201,22 @@ async fn a_replay_during_a_cut_answers_the_leads_id_on_either_instance() {
     assert_eq!(ids, expected, "one lead per key, under the id given");
 }
 
-/// Makes the lead behind `derived_id` look like one stored before ids
-/// were derived from keys (migrations 12 to 14): a random id, and its key's
-/// digest kept. Answers that id.
-async fn store_as_before_the_upgrade(app: &TestApp, derived_id: &str) -> String {
-    let row = lead::Entity::find_by_id(derived_id.to_string())
+/// A service started after an upgrade, with the lead of `key` stored as
+/// one stored before ids were derived from keys (migrations 12 to 14): a
+/// random id, and its key's digest kept. Answers the service (started on
+/// `config` again, so it looks for such leads), the lead's id and the id
+/// derived from its key.
+async fn upgraded_with_an_earlier_lead(
+    config: &ServiceConfig,
+    key: &str,
+) -> (Service, String, String) {
+    let service = Service::start(config).await;
+    let app = &service.app;
+    let stored = app.post_feed_lead(&feed_lead(key)).await;
+    assert_eq!(stored.status, 200, "{}", stored.text());
+    let derived_id = stored.json()["submission_id"].as_str().unwrap().to_string();
+    app.wait_for_state(&derived_id, "unsold").await;
+    let row = lead::Entity::find_by_id(derived_id.clone())
         .one(app.store.connection())
         .await
         .expect("lead read")
@@ -1219,7 +1230,8 @@ async fn store_as_before_the_upgrade(app: &TestApp, derived_id: &str) -> String 
         ),
     )
     .await;
-    stored_id
+    drop(service);
+    (Service::start(config).await, stored_id, derived_id)
 }
 
 /// A lead stored before ids were derived from keys has a random id: once
@@ -1228,14 +1240,7 @@ async fn store_as_before_the_upgrade(app: &TestApp, derived_id: &str) -> String 
 async fn replays_of_a_key_stored_before_the_upgrade_answer_its_lead(backend: Backend) {
     let database = TestDatabase::create(backend).await;
     let config = ServiceConfig::write(&database.url, "2s", "");
-    let service = Service::start(&config).await;
-    let stored = service.app.post_feed_lead(&feed_lead("old-key")).await;
-    let derived_id = stored.json()["submission_id"].as_str().unwrap().to_string();
-    service.app.wait_for_state(&derived_id, "unsold").await;
-    let stored_id = store_as_before_the_upgrade(&service.app, &derived_id).await;
-    drop(service);
-
-    let service = Service::start(&config).await;
+    let (service, stored_id, _) = upgraded_with_an_earlier_lead(&config, "old-key").await;
     let app = &service.app;
     let replays = join_all((0..20).map(|_| app.post_feed_lead_owned(feed_lead("old-key")))).await;
     for replay in &replays {
@@ -1259,14 +1264,7 @@ async fn a_replay_of_a_pre_upgrade_lead_spooled_during_a_cut_keeps_its_id_workin
     let database = TestDatabase::create(Backend::Postgres).await;
     let proxy = TcpProxy::start(server_of(&database.url));
     let config = instance_through(&proxy, &database);
-    let service = Service::start(&config).await;
-    let stored = service.app.post_feed_lead(&feed_lead("kept-key")).await;
-    assert_eq!(stored.status, 200, "{}", stored.text());
-    let derived_id = stored.json()["submission_id"].as_str().unwrap().to_string();
-    service.app.wait_for_state(&derived_id, "unsold").await;
-    let stored_id = store_as_before_the_upgrade(&service.app, &derived_id).await;
-    drop(service);
-    let service = Service::start(&config).await;
+    let (service, stored_id, derived_id) = upgraded_with_an_earlier_lead(&config, "kept-key").await;
     let app = &service.app;
 
     proxy.cut();
