@@ -90,7 +90,8 @@ pub(super) enum AttemptWrite {
         sale: Box<sale::ActiveModel>,
     },
     /// Nothing to write: answered once every write queued before it is
-    /// committed (groups commit one after another, in queue order).
+    /// committed. That holds while groups commit one after another, in
+    /// queue order: the writer has one connection (`ROUTING_CONNECTIONS`).
     Barrier,
 }
 
@@ -195,7 +196,7 @@ async fn write_forever(
     requests: &mut mpsc::UnboundedReceiver<Request>,
 ) {
     while let Some(first) = requests.recv().await {
-        let Ok(mut permit) = turns.in_flight.clone().acquire_owned().await else {
+        let Ok(permit) = turns.in_flight.clone().acquire_owned().await else {
             return;
         };
         if let Some(intake_first) = &turns.intake_first {
@@ -207,18 +208,6 @@ async fn write_forever(
                 Ok(next) => batch.push(next),
                 Err(_) => break,
             }
-        }
-        // A barrier waits for the groups before it, should several commit at once.
-        if turns.connections > 1
-            && batch
-                .iter()
-                .any(|(write, _)| matches!(write, AttemptWrite::Barrier))
-        {
-            let others = u32::try_from(turns.connections - 1).unwrap_or(u32::MAX);
-            let Ok(theirs) = turns.in_flight.clone().acquire_many_owned(others).await else {
-                return;
-            };
-            permit.merge(theirs);
         }
         let db = db.clone();
         let connections = turns.connections;

@@ -34,6 +34,8 @@ const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// 10 and 8 paired runs: intake p99 at 1,000 leads/s with routing on
 /// lower in 8 pairs of 10 (median 9.9 against 11.4 ms), routed leads/s
 /// 1.08x, PostgreSQL's CPU per routed lead 0.90x.
+/// (The attempt writer's barrier, which a cap's recount waits behind, also
+/// relies on its groups committing one at a time.)
 const ROUTING_CONNECTIONS: u32 = 1;
 
 /// A sweep looks for leases that ran out at most this often: they are
